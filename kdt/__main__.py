@@ -1,0 +1,3 @@
+from kdt.cli import main
+
+main()

@@ -1,0 +1,68 @@
+"""What a stage is, as plain data: its inputs, parameters, outputs with their comparison policy, its
+reference, its golden cases. Each stage module in `kdt/stages/` defines one `SPEC`; nothing else in kdt
+names a stage, so a fifth stage is a new module there plus its reference, kernel and launcher."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Callable, Protocol
+
+import numpy as np
+
+Shapes = dict[str, tuple[int, ...]]
+Arrays = dict[str, np.ndarray]
+Params = dict[str, object]
+
+
+class Policy(Protocol):
+    def describe(self) -> str: ...
+
+    def compare(self, name: str, expected: np.ndarray, got: np.ndarray, max_diffs: int = 10): ...
+
+
+@dataclass(frozen=True)
+class Case:
+    """One golden case: named, described, seeded, with its scalar parameters and its input arrays."""
+
+    name: str
+    description: str
+    seed: int
+    params: Params
+    inputs: Arrays
+
+
+@dataclass(frozen=True)
+class OutputLayout:
+    shape: tuple[int, ...]
+    dtype: str  # a numpy dtype name, or "bfloat16"
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str                                   # the contract's kernel name, e.g. "tree-build"
+    position: int                               # order in the speculative step (listing order)
+    params: tuple[str, ...]                     # scalar case attributes the reference and kernel take
+    inputs: tuple[str, ...]                     # every input name the stage knows (some may be optional)
+    outputs: dict[str, Policy]                  # output name -> comparison policy, in contract order
+    reference_module: ModuleType                # refs/<stage>.py, hashed into the golden file
+    run_reference: Callable[[Arrays, Params], Arrays]
+    make_cases: Callable[[], list[Case]]
+    output_layout: Callable[[Shapes, Params], dict[str, OutputLayout]]
+    check_layout: Callable[[Shapes, dict[str, str], Params], None]  # shapes/dtypes/limits, before launch
+    description: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def module_name(self) -> str:
+        """`tree-build` -> `tree_build`: the kernel source, launcher and test file stem."""
+        return self.name.replace("-", "_")
+
+    def reference_digest(self) -> str:
+        source = inspect.getsource(self.reference_module).encode()
+        return "sha256:" + hashlib.sha256(source).hexdigest()
+
+    def reference(self, inputs: Arrays, params: Params) -> Arrays:
+        return self.run_reference(inputs, {name: params[name] for name in self.params})

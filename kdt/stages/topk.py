@@ -1,0 +1,88 @@
+"""`topk`: spec, golden cases and launch-time layout checks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import refs.topk as reference
+from kdt.compare import AbsTol, Exact
+from kdt.dtypes import to_bf16
+from kdt.spec import Case, OutputLayout, StageSpec
+from kdt.stages._util import drafter_logits, require_layout
+from refs.errors import BadInput
+
+LOGP_ATOL = 1e-5
+MAX_VOCAB = 262144
+
+
+def _case(name, description, seed, k, logits) -> Case:
+    return Case(name, description, seed, {"k": k}, {"logits": logits})
+
+
+def make_cases() -> list[Case]:
+    cases = []
+
+    def rng(seed):
+        return np.random.default_rng(seed)
+
+    cases.append(_case("drafter_k7_v8_vocab163840_f32", "real drafter shape: K=7, V=8, 163840-entry vocabulary, float32",
+                       101, 8, drafter_logits(rng(101), 1, 7, 163840)))
+    cases.append(_case("drafter_k15_v8_vocab163840_bf16", "real drafter shape: K=15, V=8, 163840-entry vocabulary, bf16",
+                       102, 8, to_bf16(drafter_logits(rng(102), 1, 15, 163840))))
+    cases.append(_case("batch_g4_k7_v8_vocab32000", "G=4 requests, K=7, V=8, vocab 32000 (f32)",
+                       103, 8, drafter_logits(rng(103), 4, 7, 32000)))
+    ties = np.round(rng(104).standard_normal((2, 3, 4099)).astype(np.float32) * 2) / 2
+    cases.append(_case("exact_ties_odd_vocab", "logits on a 0.5 grid: many exact ties (smaller id first); vocab 4099 is odd",
+                       104, 16, ties.astype(np.float32)))
+    masked = drafter_logits(rng(105), 2, 4, 5000)
+    masked[:, :, 5:] = -np.inf  # masked vocabulary: only 5 finite logits, V=8 reaches into the -inf tail
+    masked[1, 2, :] = -np.inf
+    masked[1, 2, 4321] = 3.0  # one finite logit in the whole row
+    cases.append(_case("masked_vocab_neg_inf", "-inf logits (masked vocabulary): fewer finite logits than V",
+                       105, 8, masked))
+    cases.append(_case("v1_greedy", "V=1: the greedy token and its log-prob", 106, 1,
+                       drafter_logits(rng(106), 3, 5, 1000)))
+    cases.append(_case("v_equals_vocab", "V = vocab = 37: a full sort of each row", 107, 37,
+                       drafter_logits(rng(107), 2, 3, 37)))
+    cases.append(_case("v1024_vocab5003", "the widest V=1024 over vocab 5003, bf16", 108, 1024,
+                       to_bf16(drafter_logits(rng(108), 1, 2, 5003))))
+    cases.append(_case("k1_g1", "K=1, G=1, V=8", 109, 8, drafter_logits(rng(109), 1, 1, 1500)))
+    flat = np.full((1, 2, 3000), -1.25, np.float32)
+    flat[0, 1, ::7] = 0.75
+    cases.append(_case("all_equal_rows", "a row of identical logits and a row with 429 tied maxima", 110, 8, flat))
+    signed_zero = np.zeros((1, 1, 64), np.float32)
+    signed_zero[0, 0, ::2] = -0.0
+    signed_zero[0, 0, 40:] = -1.0
+    cases.append(_case("signed_zeros", "+0.0 and -0.0 logits tie: smaller id first", 111, 12, signed_zero))
+    return cases
+
+
+def output_layout(shapes, params) -> dict[str, OutputLayout]:
+    groups, depth, _ = shapes["logits"]
+    k = int(params["k"])
+    return {"top_ids": OutputLayout((groups, depth, k), "int32"),
+            "top_logp": OutputLayout((groups, depth, k), "float32")}
+
+
+def check_layout(shapes, dtypes, params) -> None:
+    _, _, vocab = require_layout(shapes, dtypes, "logits", 3, ("float32", "bfloat16"))
+    if not 1 <= vocab <= MAX_VOCAB:
+        raise BadInput("logits", f"a vocabulary in [1, {MAX_VOCAB}]", vocab)
+    k = params.get("k")
+    if not isinstance(k, (int, np.integer)) or not 1 <= k <= min(vocab, reference.MAX_K):
+        raise BadInput("k", f"an integer in [1, min(vocab={vocab}, {reference.MAX_K})]", k)
+
+
+SPEC = StageSpec(
+    name="topk",
+    position=1,
+    params=("k",),
+    inputs=("logits",),
+    outputs={"top_ids": Exact(), "top_logp": AbsTol(LOGP_ATOL)},
+    reference_module=reference,
+    run_reference=lambda inputs, params: reference.topk(inputs["logits"], params["k"]),
+    make_cases=make_cases,
+    output_layout=output_layout,
+    check_layout=check_layout,
+    description="drafter logits to per-position top-V log-probabilities",
+)

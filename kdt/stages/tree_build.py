@@ -1,0 +1,136 @@
+"""`tree-build`: spec, golden cases and launch-time layout checks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import refs.tree_build as reference
+from kdt.compare import Exact
+from kdt.spec import Case, OutputLayout, StageSpec
+from kdt.stages._util import drafter_logits, require_layout, require_same
+from refs.errors import BadInput
+from refs.topk import topk
+
+OUTPUTS = ("n_nodes", "parent", "depth", "token", "rank", "logw", "first_child", "next_sibling", "mask")
+DRAFT_VOCAB = 4096
+
+
+def drafter_topk(rng: np.random.Generator, groups: int, depth: int, fanout: int,
+                 confidence: float = 4.0) -> tuple[np.ndarray, np.ndarray]:
+    """(top_logp, top_ids) as the `topk` stage would hand them over for a drafter's logits."""
+    out = topk(drafter_logits(rng, groups, depth, max(DRAFT_VOCAB, fanout), confidence), fanout)
+    return out["top_logp"], out["top_ids"]
+
+
+def _case(name, description, seed, budget, top_logp, top_ids) -> Case:
+    return Case(name, description, seed, {"budget": budget},
+                {"top_logp": np.ascontiguousarray(top_logp, np.float32),
+                 "top_ids": np.ascontiguousarray(top_ids, np.int32)})
+
+
+def make_cases() -> list[Case]:
+    cases = []
+    rng = np.random.default_rng
+
+    for seed, (groups, depth, fanout, budget) in enumerate(
+            [(4, 7, 8, 7), (4, 7, 8, 31), (4, 15, 8, 63), (8, 15, 8, 255), (2, 15, 8, 1023)], start=201):
+        lp, ids = drafter_topk(rng(seed), groups, depth, fanout)
+        cases.append(_case(f"drafter_k{depth}_v{fanout}_b{budget}",
+                           f"real drafter shape: G={groups}, K={depth}, V={fanout}, B={budget}",
+                           seed, budget, lp, ids))
+
+    g = rng(210)
+    lp = np.sort(np.round(g.uniform(-6, 0, (3, 6, 8)) * 2) / 2, axis=2)[:, :, ::-1].astype(np.float32)
+    lp[:, :, 0] = 0.0  # many exactly tied scores along and across paths
+    cases.append(_case("exact_ties", "log-probs on a 0.5 grid with zeros: ties resolved by parent slot, then rank",
+                       210, 40, lp, g.integers(0, 50000, lp.shape)))
+
+    lp, ids = drafter_topk(rng(211), 3, 5, 8)
+    lp[0, :, 2:] = -np.inf
+    lp[0, 3:, 1:] = -np.inf  # 2 + 4 + 8 + 8 + 8 = 30 finite paths < B
+    lp[1, 2, 1:] = -np.inf
+    lp[2, 0, :] = -np.inf  # the whole first position masked: the tree is empty
+    cases.append(_case("neg_inf_entries", "-inf log-probs: never taken, trees smaller than B, one empty tree",
+                       211, 60, lp, ids))
+
+    lp, ids = drafter_topk(rng(212), 2, 15, 1)
+    cases.append(_case("v1_chain", "V=1: the tree is a chain of depth min(B, K)", 212, 10, lp, ids))
+
+    lp, ids = drafter_topk(rng(213), 2, 1, 8)
+    cases.append(_case("k1_star", "K=1: every node is a child of the root", 213, 5, lp, ids))
+
+    lp, ids = drafter_topk(rng(214), 2, 2, 3)
+    cases.append(_case("budget_beyond_paths", "B=50 but only 3 + 9 paths exist: every path taken", 214, 50, lp, ids))
+
+    lp, ids = drafter_topk(rng(215), 3, 7, 8)
+    cases.append(_case("b1", "B=1: one node, the best first token", 215, 1, lp, ids))
+
+    lp, ids = drafter_topk(rng(216), 1, 15, 8)
+    cases.append(_case("g1_k15_v8_b63", "G=1", 216, 63, lp, ids))
+
+    lp, ids = drafter_topk(rng(217), 4, 7, 8)
+    confident, _ = drafter_topk(rng(2170), 1, 7, 8, confidence=12.0)
+    flat = np.full((1, 7, 8), np.float32(np.log(np.float32(1 / 4096))), np.float32)
+    lp[0], lp[1] = confident[0], flat[0]
+    lp[2, 3:, 2:] = -np.inf
+    cases.append(_case("mixed_batch", "one batch: a confident drafter, a flat one (all ties), a masked one, a typical one",
+                       217, 48, lp, ids))
+
+    lp, ids = drafter_topk(rng(218), 2, 4, 64)
+    cases.append(_case("v_equals_budget_64", "V = B = 64: the original DDTree fan-out top-k = min(budget, vocab)",
+                       218, 64, lp, ids))
+    lp, ids = drafter_topk(rng(219), 1, 3, 255)
+    cases.append(_case("v_equals_budget_255", "V = B = 255 at K=3", 219, 255, lp, ids))
+
+    lp, ids = drafter_topk(rng(220), 1, 64, 2)
+    lp[:, :, 0] = np.float32(-1e-3)  # a near-certain chain reaches the full depth before any sibling
+    lp[:, :, 1] = np.minimum(lp[:, :, 1], np.float32(-4.0))
+    cases.append(_case("k64_deep", "K=64, the deepest draft: the chain reaches depth 64, V=2, B=200", 220, 200,
+                       lp, ids))
+
+    g = rng(221)
+    lp = np.sort(g.uniform(-1.0, 2.0, (2, 6, 5)), axis=2)[:, :, ::-1].astype(np.float32)
+    cases.append(_case("positive_scores", "unnormalised scores above 0: children can outscore parents", 221, 30,
+                       lp, g.integers(0, 1000, lp.shape)))
+    return cases
+
+
+def output_layout(shapes, params) -> dict[str, OutputLayout]:
+    groups = shapes["top_logp"][0]
+    slots = int(params["budget"]) + 1
+    layout = {name: OutputLayout((groups, slots), "int32") for name in OUTPUTS}
+    layout["n_nodes"] = OutputLayout((groups,), "int32")
+    layout["logw"] = OutputLayout((groups, slots), "float32")
+    layout["mask"] = OutputLayout((groups, slots, reference.mask_words(slots)), "uint32")
+    return {name: layout[name] for name in OUTPUTS}
+
+
+def check_layout(shapes, dtypes, params) -> None:
+    groups, depth, fanout = require_layout(shapes, dtypes, "top_logp", 3, ("float32",))
+    require_layout(shapes, dtypes, "top_ids", 3, ("int32",))
+    require_same("top_ids", shapes["top_ids"], shapes["top_logp"])
+    budget = params.get("budget")
+    if not isinstance(budget, (int, np.integer)) or not 1 <= budget <= reference.MAX_BUDGET:
+        raise BadInput("budget", f"an integer in [1, {reference.MAX_BUDGET}]", budget)
+    if not 1 <= depth <= reference.MAX_DEPTH:
+        raise BadInput("top_logp", f"K (axis 1) in [1, {reference.MAX_DEPTH}]", depth)
+    if not 1 <= fanout <= reference.MAX_FANOUT:
+        raise BadInput("top_logp", f"V (axis 2) in [1, {reference.MAX_FANOUT}]", fanout)
+    if groups < 1:
+        raise BadInput("top_logp", "at least one request (G >= 1)", groups)
+
+
+SPEC = StageSpec(
+    name="tree-build",
+    position=2,
+    params=("budget",),
+    inputs=("top_logp", "top_ids"),
+    outputs={name: Exact() for name in OUTPUTS},
+    reference_module=reference,
+    run_reference=lambda inputs, params: reference.tree_build(inputs["top_logp"], inputs["top_ids"],
+                                                              params["budget"]),
+    make_cases=make_cases,
+    output_layout=output_layout,
+    check_layout=check_layout,
+    description="best-first draft tree with exact float32 path scores",
+)

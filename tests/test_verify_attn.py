@@ -1,0 +1,90 @@
+"""verify-attn: the float64 reference against a per-row loop, and its bad input."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kdt.dtypes import to_bf16
+from kdt.stages import verify_attn as stage
+from refs.errors import BadInput
+from refs.verify_attn import PAGE_SIZE, unpack_mask, verify_attn
+
+
+def small_inputs(seed=0, key_dim=8, d_v=4, heads=2, prefix=(70, 0), slots=5):
+    rng = np.random.default_rng(seed)
+    groups = len(prefix)
+    pages = 6
+    mask = np.zeros((groups, slots, 1), np.uint32)
+    parent = [-1, 0, 0, 1, 3][:slots]
+    for i in range(slots):
+        j = i
+        while j >= 0:
+            mask[:, i, 0] |= np.uint32(1 << j)
+            j = parent[j]
+    return dict(
+        q=to_bf16(rng.standard_normal((groups, slots, heads, key_dim))),
+        kv_cache=to_bf16(rng.standard_normal((pages, PAGE_SIZE, key_dim))),
+        block_table=np.array([[4, 1], [2, 0]], np.int32)[:groups],
+        prefix_len=np.array(prefix, np.int32),
+        kv_tree=to_bf16(rng.standard_normal((groups, slots, key_dim))),
+        mask=mask,
+        n_nodes=np.array([slots - 1, slots - 2], np.int32)[:groups],
+    ), d_v
+
+
+def test_matches_a_row_by_row_loop():
+    inputs, d_v = small_inputs()
+    scale = 0.3
+    out = verify_attn(**inputs, softmax_scale=scale, d_v=d_v)
+    q = inputs["q"].astype(np.float64)
+    for g in range(2):
+        keys = []
+        for t in range(inputs["prefix_len"][g]):
+            keys.append(inputs["kv_cache"][inputs["block_table"][g, t // PAGE_SIZE], t % PAGE_SIZE])
+        for i in range(5):
+            row_keys = list(keys) + [inputs["kv_tree"][g, j] for j in range(5)
+                                     if inputs["mask"][g, i, 0] >> np.uint32(j) & np.uint32(1)]
+            for h in range(2):
+                if i > inputs["n_nodes"][g]:
+                    assert (out["out"][g, i, h] == 0).all() and out["lse"][g, i, h] == -np.inf
+                    continue
+                k = np.array(row_keys, np.float64)
+                s = scale * (k @ q[g, i, h])
+                lse = np.log(np.sum(np.exp(s - s.max()))) + s.max()
+                p = np.exp(s - lse)
+                np.testing.assert_allclose(out["out"][g, i, h], (p @ k[:, :d_v]).astype(np.float32), rtol=1e-6)
+                assert abs(out["lse"][g, i, h] - lse) < 1e-5
+
+
+def test_unpack_mask_bit_order():
+    mask = np.array([[1 | 1 << 31, 1 << 1]], np.uint32)
+    assert np.flatnonzero(unpack_mask(mask, 40)[0]).tolist() == [0, 31, 33]
+
+
+@pytest.mark.parametrize("change, argument", [
+    (lambda x: x.update(prefix_len=np.array([200, 0], np.int32)), "prefix_len[0]"),
+    (lambda x: x.update(block_table=np.array([[4, 9], [2, 0]], np.int32)), "block_table[0]"),
+    (lambda x: x.update(q=x["q"].astype(np.float32)), "q"),
+    (lambda x: x.update(mask=x["mask"][:, :, :0]), "mask"),
+])
+def test_bad_input_is_named(change, argument):
+    inputs, d_v = small_inputs()
+    change(inputs)
+    with pytest.raises(BadInput) as error:
+        verify_attn(**inputs, softmax_scale=0.1, d_v=d_v)
+    assert error.value.argument == argument
+
+
+def test_dqk_smaller_than_dv_is_bad_input():
+    inputs, _ = small_inputs()
+    with pytest.raises(BadInput) as error:
+        verify_attn(**inputs, softmax_scale=0.1, d_v=9)
+    assert error.value.argument == "d_v"
+
+
+def test_golden_cases_are_the_contract_dims():
+    for case in stage.make_cases():
+        assert case.inputs["q"].shape[-1] == stage.KEY_DIM and case.params["d_v"] == stage.VALUE_DIM
+        assert case.inputs["q"].dtype == np.dtype(ml_dtypes.bfloat16)
