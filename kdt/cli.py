@@ -12,8 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.markup import escape
 from rich.table import Table
 
-from kdt import envcheck, golden, stages, toolkit
-from kdt.console import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, KdtExit, console, errors
+from kdt import build, envcheck, golden, runtime, stages, toolkit
+from kdt.console import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK, KdtExit, console, errors
 from refs.errors import BadInput
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -100,6 +100,175 @@ def _golden_from_inputs(kernels: Optional[list[str]], inputs: Optional[Path], ou
     return EXIT_OK
 
 
+def _arches(arch: Optional[list[str]]) -> list[str]:
+    chosen = arch or runtime.default_arches()
+    for item in chosen:
+        if item not in toolkit.SUPPORTED_ARCHES:
+            raise BadInput("--arch", "one of " + ", ".join(toolkit.SUPPORTED_ARCHES), item)
+    return chosen
+
+
+def _build_table(results: list[build.BuildResult]) -> Table:
+    table = Table(title="kdt build: resources per kernel function (ptxas)")
+    for column in ("kernel", "arch", "function", "registers", "smem B", "stack B", "spill st/ld B", "cache"):
+        table.add_column(column, justify="right" if column.endswith(("B", "registers")) else "left")
+    for result in results:
+        for r in result.resources or [None]:
+            if r is None:
+                table.add_row(result.kernel, result.arch, "-", "", "", "", "", "hit" if result.cached else "built")
+                continue
+            spill = f"{r.spill_store_bytes}/{r.spill_load_bytes}"
+            table.add_row(result.kernel, result.arch, r.function, str(r.registers), str(r.shared_bytes),
+                          str(r.stack_bytes), f"[red]{spill}[/]" if r.spill_store_bytes else spill,
+                          "hit" if result.cached else "built")
+    return table
+
+
+ArchOption = typer.Option(None, "--arch", help="target arch, repeatable (default: the GPU's, else sm_120)")
+
+
+@app.command("build")
+def build_command(kernels: Optional[list[str]] = KernelsArg, arch: Optional[list[str]] = ArchOption,
+                  force: bool = typer.Option(False, "--force", help="ignore the cache")):
+    """Compile kernels to cubins with nvcc (cached; warnings are errors) and show their resources."""
+    specs, arches = stages.select(kernels), _arches(arch)
+    results = [build.build(spec, target, force=force) for spec in specs for target in arches]
+    console.print(_build_table(results))
+
+
+def _print_failures(result) -> None:
+    if result.error:
+        console.print(f"  [red]{escape(result.error)}[/]")
+        return
+    for field_result in result.fields:
+        if field_result.ok or not field_result.diffs:
+            continue
+        table = Table(title=f"{result.kernel} / {result.case}: {field_result.name} "
+                            f"({field_result.mismatches} of {field_result.checked} mismatch) {field_result.worst}")
+        for column in ("index", "expected", "got", "expected bits", "got bits", "ulp / note"):
+            table.add_column(column)
+        for d in field_result.diffs:
+            table.add_row(str(tuple(d.index)), repr(d.expected), repr(d.got), d.expected_bits, d.got_bits,
+                          d.note or ("" if d.ulp is None else str(d.ulp)))
+        console.print(table)
+
+
+@app.command("verify")
+def verify_command(kernels: list[str] = typer.Argument(..., help="a kernel name or 'all'"),
+                   golden_file: Optional[Path] = typer.Option(None, "--golden", help="default golden/<kernel>.h5"),
+                   case: Optional[str] = typer.Option(None, "--case", help="only cases matching this glob"),
+                   arch: Optional[list[str]] = ArchOption,
+                   max_diffs: int = typer.Option(10, "--max-diffs", min=0, help="mismatches shown per output"),
+                   json_file: Optional[Path] = typer.Option(None, "--json", help="write the results as JSON"),
+                   junit_file: Optional[Path] = typer.Option(None, "--junit", help="write JUnit XML"),
+                   graph: bool = typer.Option(False, "--graph", help="capture each launch in a CUDA graph, replay it")):
+    """Run kernels on the GPU against the golden files, outputs poisoned; bit-exact diffs of any mismatch."""
+    from kdt import report, verify
+
+    specs = stages.select(kernels)
+    if golden_file is not None and len(specs) != 1:
+        raise BadInput("--golden", "a single kernel to go with it", [s.name for s in specs])
+    runtime.cupy()  # no GPU: exit 2 before building anything
+    for target in _arches(arch):
+        for spec in specs:
+            build.build(spec, target)
+    results = []
+    for spec in specs:
+        path = golden_file or golden.default_path("golden", spec.name)
+        table = Table(title=f"kdt verify {spec.name} ({path})")
+        for column in ("case", "result", "time us", "outputs"):
+            table.add_column(column)
+        cases = verify.verify_file(spec, path, case, max_diffs, graph)
+        if not cases:
+            raise BadInput("--case", f"a pattern matching a case in {path}", case)
+        for r in cases:
+            detail = r.error or ", ".join(f"{f.name} {f.mismatches}/{f.checked}" if not f.ok else f.name for f in r.fields)
+            table.add_row(r.case, "[green]pass[/]" if r.passed else "[red]FAIL[/]",
+                          "" if r.time_us is None else f"{r.time_us:.1f}", escape(detail))
+        console.print(table)
+        for r in cases:
+            if not r.passed:
+                _print_failures(r)
+        results.extend(cases)
+    failed = [r for r in results if not r.passed]
+    console.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    if json_file:
+        report.write_atomically(json_file, report.verify_json(results))
+    if junit_file:
+        report.write_atomically(junit_file, report.verify_junit(results))
+    raise typer.Exit(EXIT_CHECK_FAILED if failed else EXIT_OK)
+
+
+@app.command("bench")
+def bench_command(kernels: list[str] = typer.Argument(..., help="a kernel name or 'all'"),
+                  quick: bool = typer.Option(False, "--quick", help="only the headline shapes"),
+                  shape: Optional[str] = typer.Option(None, "--shape", help="only shapes matching this glob"),
+                  json_file: Optional[Path] = typer.Option(None, "--json", help="write the results as JSON"),
+                  baseline: Optional[Path] = typer.Option(None, "--baseline", help="an earlier --json to compare with"),
+                  max_regression: float = typer.Option(10.0, "--max-regression", min=0,
+                                                       help="with --baseline: exit 1 if a shape is slower by more than PCT"),
+                  plot_file: Optional[Path] = typer.Option(None, "--plot", help="draw time against size to FILE.png"),
+                  no_graph: bool = typer.Option(False, "--no-graph", help="eager launches only"),
+                  no_baselines: bool = typer.Option(False, "--no-baselines", help="skip the CPU and PyTorch baselines")):
+    """Time kernels (CUDA events, graph mode, rotated inputs) against the machine's measured peaks."""
+    import fnmatch
+
+    from kdt import bench, peaks, report
+
+    specs = stages.select(kernels)
+    before = None
+    if baseline is not None:
+        try:
+            before = json.loads(baseline.read_text())
+        except (OSError, ValueError) as error:
+            raise BadInput("--baseline", "a JSON file written by kdt bench --json", f"{baseline} ({error})") from None
+    if plot_file is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise KdtExit(EXIT_ENVIRONMENT, "--plot needs matplotlib: python3 -m pip install -e '.[plot]'") from None
+    runtime.cupy()
+    for spec in specs:
+        build.build(spec, runtime.device_arch())
+    machine = peaks.get()
+    console.print(f"peaks on {machine.gpu}: copy {machine.copy_gbps:,.0f} GB/s, matmul {machine.matmul_tflops:,.0f} "
+                  f"TFLOP/s ({machine.matmul_how})")
+    results = []
+    for spec in specs:
+        if spec.bench_shapes is None:
+            console.print(f"{spec.name}: no benchmark shapes defined")
+            continue
+        chosen = [s for s in spec.bench_shapes(quick) if shape is None or fnmatch.fnmatch(s.name, shape)]
+        table = Table(title=f"kdt bench {spec.name}: us per launch (graph mode is the headline)")
+        for column in ("shape", "graph us", "eager us", "p10-p90 us", "GB/s", "% copy", "TFLOP/s", "% mma",
+                       "CPU ref us", "x CPU", "torch us", "x torch"):
+            table.add_column(column, justify="left" if column == "shape" else "right")
+        for item in chosen:
+            r = bench.bench_shape(spec, item, machine, graph=not no_graph, baselines=not no_baselines)
+            results.append(r)
+            spread = r.graph or r.eager
+            table.add_row(r.shape, f"{r.graph.median_us:.2f}" if r.graph else "-", f"{r.eager.median_us:.2f}",
+                          f"{spread.p10_us:.2f}-{spread.p90_us:.2f}", f"{r.gbps:,.0f}", f"{r.pct_copy_peak:.1f}",
+                          f"{r.tflops:.1f}" if r.flops else "-", f"{r.pct_matmul_peak:.1f}" if r.flops else "-",
+                          f"{r.cpu_reference_us:,.0f}" if r.cpu_reference_us else "-",
+                          f"{r.cpu_reference_us / r.headline_us:,.0f}" if r.cpu_reference_us else "-",
+                          f"{r.torch_us:.2f}" if r.torch_us else "-",
+                          f"{r.torch_us / r.headline_us:.1f}" if r.torch_us else "-")
+        console.print(table)
+    if json_file:
+        report.write_atomically(json_file, bench.results_json(results, machine))
+    if plot_file:
+        bench.plot(results, plot_file)
+    if before is not None:
+        slower = bench.regressions(results, before, max_regression)
+        for kernel, name, old, new in slower:
+            console.print(f"[red]regression[/] {kernel} {name}: {old:.2f} us -> {new:.2f} us (+{100 * (new / old - 1):.0f}%)")
+        if slower:
+            raise typer.Exit(EXIT_CHECK_FAILED)
+        console.print(f"no shape slower than the baseline by more than {max_regression:g}%")
+    raise typer.Exit(EXIT_OK)
+
+
 def _is_usage_error(error: Exception) -> bool:
     """Click's usage errors, whether from click itself or the copy newer Typer releases vendor."""
     return hasattr(error, "show") and hasattr(error, "exit_code") and hasattr(error, "format_message")
@@ -123,6 +292,12 @@ def main() -> None:
     except KdtExit as error:
         errors.print(error.message)
         code = error.code
+    except build.BuildError as error:
+        errors.print(f"[red]compile error[/] in {error.kernel} for {error.arch}:\n{escape(error.log)}")
+        code = EXIT_ENVIRONMENT
+    except (toolkit.ToolkitMissing, runtime.GpuMissing) as error:
+        errors.print(f"[red]cannot run here:[/] {escape(str(error))}")
+        code = EXIT_ENVIRONMENT
     except Exception as error:
         if not _is_usage_error(error):
             raise

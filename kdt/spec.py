@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Protocol
 
@@ -53,7 +53,9 @@ class StageSpec:
     output_layout: Callable[[Shapes, Params], dict[str, OutputLayout]]
     check_layout: Callable[[Shapes, dict[str, str], Params], None]  # shapes/dtypes/limits, before launch
     description: str = ""
-    extra: dict = field(default_factory=dict)
+    random_case: Callable[[np.random.Generator], Case] | None = None  # fresh inputs of random shape (tests, fuzz)
+    bench_shapes: Callable[[bool], list] | None = None      # (quick) -> [kdt.bench.BenchShape]
+    torch_baseline: Callable[[dict, Params], Callable[[], object]] | None = None  # the obvious PyTorch version
 
     @property
     def module_name(self) -> str:

@@ -67,3 +67,21 @@ def test_bad_input_is_named(values, k, argument):
     with pytest.raises(BadInput) as error:
         topk(values, k)
     assert error.value.argument == argument
+
+
+# --- the kernel on the GPU ------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_kernel_matches_golden(root):
+    from tests.gpu_checks import assert_golden_passes
+
+    assert_golden_passes("topk", root)
+
+
+@pytest.mark.gpu
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_kernel_matches_reference_on_random_inputs(seed):
+    from tests.gpu_checks import assert_random_case_passes
+
+    assert_random_case_passes("topk", seed)

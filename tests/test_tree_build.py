@@ -136,3 +136,21 @@ def test_bad_input_is_named(mutate, argument):
     with pytest.raises(BadInput) as error:
         tree_build(*mutate(lp, ids, 4))
     assert error.value.argument == argument
+
+
+# --- the kernel on the GPU ------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_kernel_matches_golden(root):
+    from tests.gpu_checks import assert_golden_passes
+
+    assert_golden_passes("tree-build", root)
+
+
+@pytest.mark.gpu
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_kernel_matches_reference_on_random_inputs(seed):
+    from tests.gpu_checks import assert_random_case_passes
+
+    assert_random_case_passes("tree-build", seed)

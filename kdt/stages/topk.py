@@ -57,6 +57,24 @@ def make_cases() -> list[Case]:
     return cases
 
 
+def random_case(rng: np.random.Generator) -> Case:
+    """Random shape within the limits, drawn toward the hard parts: odd vocabularies, ties, -inf, V=1,
+    V=vocab, wide V, bf16."""
+    groups, depth = int(rng.integers(1, 4)), int(rng.integers(1, 5))
+    vocab = int(rng.choice([1, 2, 7, 33, 1000, 4099, 20001, 65537]))
+    k = int(min(vocab, 1024, rng.choice([1, 2, 8, 8, 16, 33, 256, 1024, vocab])))
+    logits = drafter_logits(rng, groups, depth, vocab)
+    if rng.random() < 0.3:
+        logits = np.round(logits * 2) / 2  # ties
+    if rng.random() < 0.3:
+        logits[rng.random(logits.shape) < rng.random()] = -np.inf
+        logits[..., int(rng.integers(0, vocab))] = 1.0  # keep one finite logit per row
+    logits = logits.astype(np.float32)
+    seed = int(rng.integers(0, 2**31))
+    return _case(f"random_{seed}", f"random G={groups} K={depth} vocab={vocab} V={k}", seed, k,
+                 to_bf16(logits) if rng.random() < 0.5 else logits)
+
+
 def output_layout(shapes, params) -> dict[str, OutputLayout]:
     groups, depth, _ = shapes["logits"]
     k = int(params["k"])
@@ -73,6 +91,43 @@ def check_layout(shapes, dtypes, params) -> None:
         raise BadInput("k", f"an integer in [1, min(vocab={vocab}, {reference.MAX_K})]", k)
 
 
+def bench_shapes(quick: bool):
+    from kdt.bench import BenchShape, device_bf16
+
+    def shape(groups, depth, vocab, k, dtype, cpu=False):
+        itemsize = 2 if dtype == "bf16" else 4
+
+        def make(cp):
+            rng = cp.random.default_rng(groups * 1000 + depth)
+            logits = rng.standard_normal((groups, depth, vocab), dtype=cp.float32) * cp.float32(1.5)
+            return {"logits": device_bf16(cp, logits) if dtype == "bf16" else logits}
+
+        return BenchShape(f"G{groups}_K{depth}_vocab{vocab}_V{k}_{dtype}", make, {"k": k},
+                          groups * depth * (vocab * itemsize + k * 8), cpu_baseline=cpu)
+
+    shapes = [shape(64, 15, 163840, 8, "f32"), shape(64, 15, 163840, 8, "bf16"),
+              shape(1, 7, 163840, 8, "f32", cpu=True), shape(1, 15, 163840, 8, "bf16", cpu=True)]
+    if not quick:
+        shapes += [shape(1, 15, 163840, 8, "f32", cpu=True), shape(8, 15, 163840, 64, "f32"),
+                   shape(8, 15, 163840, 1024, "bf16"), shape(64, 15, 32000, 8, "f32"), shape(4, 7, 262144, 8, "bf16")]
+    return shapes
+
+
+def torch_baseline(inputs, params):
+    """The obvious PyTorch version: log_softmax over the vocabulary, then topk."""
+    import torch
+
+    from kdt import ops
+
+    logits = inputs["logits"]
+    if isinstance(logits, ops.Bf16):
+        tensor = torch.from_dlpack(logits.bits.view("int16")).view(torch.bfloat16)
+    else:
+        tensor = torch.from_dlpack(logits)
+    k = int(params["k"])
+    return lambda: torch.log_softmax(tensor.float(), dim=-1).topk(k, dim=-1)
+
+
 SPEC = StageSpec(
     name="topk",
     position=1,
@@ -85,4 +140,7 @@ SPEC = StageSpec(
     output_layout=output_layout,
     check_layout=check_layout,
     description="drafter logits to per-position top-V log-probabilities",
+    random_case=random_case,
+    bench_shapes=bench_shapes,
+    torch_baseline=torch_baseline,
 )

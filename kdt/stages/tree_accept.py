@@ -15,6 +15,7 @@ from refs.tree_build import tree_build
 
 TREE_INPUTS = ("token", "first_child", "next_sibling")
 TARGET_VOCAB = 50000
+LOGITS_ELEMENTS = 1 << 22  # random logits cases stay small enough for the CPU reference
 
 
 def drafted_tree(rng: np.random.Generator, groups: int, depth: int, fanout: int, budget: int) -> dict:
@@ -166,6 +167,31 @@ def make_cases() -> list[Case]:
     return cases
 
 
+def random_case(rng: np.random.Generator) -> Case:
+    """A drafted tree of random shape, predictions following a random path, from predictions or logits;
+    now and then relaid out as another builder would."""
+    groups = int(rng.integers(1, 9))
+    depth, fanout = int(rng.choice([1, 3, 7, 15])), int(rng.choice([1, 2, 8, 32]))
+    budget = int(rng.choice([1, 7, 63, 255, 1023]))
+    tree = drafted_tree(rng, groups, depth, fanout, budget)
+    targets = [int(rng.integers(0, int(tree["n_nodes"][h]) + 1)) for h in range(groups)]
+    predict = target_following(rng, tree, targets)
+    seed = int(rng.integers(0, 2**31))
+    if rng.random() < 0.5:
+        return _case(f"random_{seed}", f"random G={groups} K={depth} B={budget} predictions", seed, depth, tree,
+                     target_predict=predict)
+    slots = tree["token"].shape[1]
+    vocab = int(max(1, min(rng.choice([TARGET_VOCAB, 1001, 65537]), LOGITS_ELEMENTS // (groups * slots))))
+    tree["token"] = np.where(tree["token"] >= 0, tree["token"] % vocab, tree["token"]).astype(np.int32)
+    predict %= vocab
+    logits = rng.standard_normal((groups, slots, vocab), dtype=np.float32)
+    np.put_along_axis(logits, predict[:, :, None].astype(np.int64), np.float32(8.0), axis=2)
+    if rng.random() < 0.5:
+        logits = to_bf16(logits)
+    return _case(f"random_{seed}", f"random G={groups} K={depth} B={budget} vocab={vocab} logits", seed, depth,
+                 tree, target_logits=logits)
+
+
 def output_layout(shapes, params) -> dict[str, OutputLayout]:
     groups = shapes["token"][0]
     width = int(params["max_depth"]) + 1
@@ -203,6 +229,58 @@ def run_reference(inputs, params):
                                  target_logits=inputs.get("target_logits"))
 
 
+def bench_shapes(quick: bool):
+    from kdt.bench import BenchShape, device_bf16, upload_host
+
+    def tree_inputs(groups, budget, seed):
+        g = np.random.default_rng(seed)
+        tree = drafted_tree(g, groups, 15, 8, budget)
+        targets = [int(g.integers(0, int(tree["n_nodes"][h]) + 1)) for h in range(groups)]
+        host = {name: tree[name] for name in (*TREE_INPUTS, "n_nodes")}
+        return host, target_following(g, tree, targets)
+
+    def predict_shape(groups, budget):
+        host, predict = tree_inputs(groups, budget, 1)
+        moved = groups * (budget + 1) * 4 * 4 + groups * 4 * (1 + 2 * 16)
+        return BenchShape(f"predict_G{groups}_N{budget + 1}",
+                          lambda cp: upload_host(cp, {**host, "target_predict": predict}), {"max_depth": 15},
+                          moved, size=groups * (budget + 1))
+
+    def logits_shape(groups, budget, vocab, dtype):
+        host, _ = tree_inputs(groups, budget, 2)
+        itemsize = 2 if dtype == "bf16" else 4
+
+        def make(cp):
+            logits = cp.random.default_rng(3).standard_normal((groups, budget + 1, vocab), dtype=cp.float32)
+            device = upload_host(cp, host)
+            device["target_logits"] = device_bf16(cp, logits) if dtype == "bf16" else logits
+            return device
+
+        return BenchShape(f"logits_G{groups}_N{budget + 1}_vocab{vocab}_{dtype}", make, {"max_depth": 15},
+                          groups * (budget + 1) * (vocab * itemsize + 12), cpu_baseline=False,
+                          size=groups * (budget + 1) * vocab)
+
+    shapes = [predict_shape(256, 255), logits_shape(64, 63, 163840, "bf16")]
+    if not quick:
+        shapes += [predict_shape(64, 63), predict_shape(1, 15), logits_shape(64, 63, 163840, "f32"),
+                   logits_shape(8, 63, 32000, "bf16")]
+    return shapes
+
+
+def torch_baseline(inputs, params):
+    """PyTorch has no tree walk; its obvious part is the argmax over the logits (what the fused entry adds)."""
+    if "target_logits" not in inputs:
+        return None
+    import torch
+
+    from kdt import ops
+
+    logits = inputs["target_logits"]
+    tensor = (torch.from_dlpack(logits.bits.view("int16")).view(torch.bfloat16) if isinstance(logits, ops.Bf16)
+              else torch.from_dlpack(logits))
+    return lambda: tensor.argmax(dim=-1)
+
+
 SPEC = StageSpec(
     name="tree-accept",
     position=3,
@@ -215,4 +293,7 @@ SPEC = StageSpec(
     output_layout=output_layout,
     check_layout=check_layout,
     description="greedy acceptance of the longest matching path, plus the bonus token",
+    random_case=random_case,
+    bench_shapes=bench_shapes,
+    torch_baseline=torch_baseline,
 )

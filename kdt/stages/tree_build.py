@@ -95,6 +95,29 @@ def make_cases() -> list[Case]:
     return cases
 
 
+def random_case(rng: np.random.Generator) -> Case:
+    """Random shape within the limits: ties, -inf, V=1, K=1, K up to 64, V up to 1024, B up to 1023,
+    budgets at and beyond the number of paths, now and then scores above zero."""
+    groups = int(rng.integers(1, 9))
+    depth = int(rng.choice([1, 2, 3, 7, 15, 33, 64]))
+    fanout = int(rng.choice([1, 2, 3, 8, 8, 17, 64, 255, 1024]))
+    budget = int(rng.choice([1, 2, 7, 16, 63, 255, 511, 1023, int(rng.integers(1, 1024))]))
+    style = rng.choice(["drafter", "grid", "positive"])
+    if style == "drafter":
+        lp, ids = drafter_topk(rng, groups, depth, fanout, confidence=float(rng.uniform(0, 20)))
+    else:
+        low, high = (-4.0, 0.0) if style == "grid" else (-1.0, 1.0)
+        lp = np.sort(np.round(rng.uniform(low, high, (groups, depth, fanout)) * 4) / 4, axis=2)[:, :, ::-1]
+        ids = rng.integers(0, 200000, lp.shape)
+    lp = np.ascontiguousarray(lp, np.float32)
+    if rng.random() < 0.3:  # -inf tails
+        cut = rng.integers(0, fanout + 1, (groups, depth))
+        lp[np.arange(fanout)[None, None, :] >= cut[:, :, None]] = -np.inf
+    seed = int(rng.integers(0, 2**31))
+    return _case(f"random_{seed}", f"random G={groups} K={depth} V={fanout} B={budget} ({style})", seed, budget,
+                 lp, ids)
+
+
 def output_layout(shapes, params) -> dict[str, OutputLayout]:
     groups = shapes["top_logp"][0]
     slots = int(params["budget"]) + 1
@@ -120,6 +143,24 @@ def check_layout(shapes, dtypes, params) -> None:
         raise BadInput("top_logp", "at least one request (G >= 1)", groups)
 
 
+def bench_shapes(quick: bool):
+    from kdt.bench import BenchShape, upload_host
+
+    def shape(groups, depth, fanout, budget):
+        lp, ids = drafter_topk(np.random.default_rng(budget), groups, depth, fanout)
+        slots = budget + 1
+        moved = groups * depth * fanout * 8 + groups * slots * (8 * 4 + reference.mask_words(slots) * 4) + groups * 4
+        return BenchShape(f"G{groups}_K{depth}_V{fanout}_B{budget}",
+                          lambda cp: upload_host(cp, {"top_logp": lp, "top_ids": ids}), {"budget": budget}, moved,
+                          size=budget)
+
+    budgets = (16, 255) if quick else (16, 32, 64, 128, 255, 512, 1023)
+    shapes = [shape(64, 15, 8, budget) for budget in budgets]
+    if not quick:
+        shapes += [shape(64, 3, 255, 255), shape(64, 7, 1024, 1023)]
+    return shapes
+
+
 SPEC = StageSpec(
     name="tree-build",
     position=2,
@@ -133,4 +174,6 @@ SPEC = StageSpec(
     output_layout=output_layout,
     check_layout=check_layout,
     description="best-first draft tree with exact float32 path scores",
+    random_case=random_case,
+    bench_shapes=bench_shapes,
 )

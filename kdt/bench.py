@@ -1,0 +1,216 @@
+"""`kdt bench`: time kernels the way engines run them.
+
+Per shape: CUDA events around each launch after warm-up, median and spread of at least 100 runs, inputs
+rotated over enough copies that the L2 cache cannot hold them all; and a graph mode that captures
+GRAPH_LAUNCHES launches in one CUDA graph and times its replays (engines run these stages in graphs, where
+launch gaps vanish: graph mode is the headline). Achieved GB/s and TFLOP/s come from each shape's byte
+and flop model and are set against the peaks measured on this machine (kdt.peaks). Baselines in the same
+run: the CPU reference, and the obvious PyTorch version where PyTorch is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from kdt import ops, runtime, verify
+from kdt.spec import StageSpec
+
+MIN_RUNS = 100
+WARMUP = 10
+GRAPH_LAUNCHES = 20
+L2_ROTATE_BYTES = 2 * 60 * 2**20   # rotate buffers until twice the H200's 60 MB L2 is covered
+MAX_ROTATE = 16
+CPU_REPEATS = 3
+
+
+@dataclass(frozen=True)
+class BenchShape:
+    """One benchmark size: how to make its inputs on the GPU, its parameters, and its cost model."""
+
+    name: str
+    make_inputs: Callable[[object], dict]   # (cupy) -> device inputs (CuPy arrays, ops.Bf16)
+    params: dict
+    bytes_moved: int                         # the fewest bytes the stage must move through device memory
+    flops: int = 0
+    cpu_baseline: bool = True                # run the reference on the CPU as a baseline (small shapes only)
+    size: int = 0                            # x axis of the plot (defaults to bytes_moved)
+
+
+@dataclass
+class Timing:
+    median_us: float
+    p10_us: float
+    p90_us: float
+    runs: int
+
+
+@dataclass
+class ShapeResult:
+    kernel: str
+    shape: str
+    params: dict
+    bytes_moved: int
+    flops: int
+    size: int
+    eager: Timing
+    graph: Timing | None
+    headline_us: float
+    gbps: float
+    pct_copy_peak: float
+    tflops: float
+    pct_matmul_peak: float
+    cpu_reference_us: float | None = None
+    torch_us: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _summary(samples_us: list[float]) -> Timing:
+    ordered = sorted(samples_us)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return Timing(statistics.median(ordered), pick(0.1), pick(0.9), len(ordered))
+
+
+def _nbytes(value) -> int:
+    return int(verify.raw(value).nbytes)
+
+
+def time_eager(cp, launch: Callable[[int], None], rotate: int, runs: int = MIN_RUNS) -> Timing:
+    stream = cp.cuda.get_current_stream()
+    for i in range(WARMUP):
+        launch(i % rotate)
+    events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(runs)]
+    for i, (start, stop) in enumerate(events):
+        start.record(stream)
+        launch(i % rotate)
+        stop.record(stream)
+    events[-1][1].synchronize()
+    return _summary([cp.cuda.get_elapsed_time(a, b) * 1000.0 for a, b in events])
+
+
+def time_graph(cp, launch: Callable[[int], None], rotate: int, runs: int = MIN_RUNS) -> Timing:
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        launch(0)  # outside capture: module and workspace ready
+        stream.synchronize()
+        stream.begin_capture()
+        for i in range(GRAPH_LAUNCHES):
+            launch(i % rotate)
+        graph = stream.end_capture()
+        for _ in range(3):
+            graph.launch(stream)
+        events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(runs)]
+        for start, stop in events:
+            start.record(stream)
+            graph.launch(stream)
+            stop.record(stream)
+        events[-1][1].synchronize()
+    return _summary([cp.cuda.get_elapsed_time(a, b) * 1000.0 / GRAPH_LAUNCHES for a, b in events])
+
+
+def bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool = True, baselines: bool = True) -> ShapeResult:
+    cp = runtime.cupy()
+    first = shape.make_inputs(cp)
+    set_bytes = sum(_nbytes(v) for v in first.values())
+    rotate = max(1, min(MAX_ROTATE, math.ceil(L2_ROTATE_BYTES / max(set_bytes, 1))))
+    input_sets = [first] + [{k: _copy(cp, v) for k, v in first.items()} for _ in range(rotate - 1)]
+    params = dict(shape.params)
+    outputs = verify.allocate_outputs(spec, first, {**params, **_dtype_params(first)})
+    shapes = {k: tuple(v.shape) for k, v in first.items()}
+    workspace = ops.workspace_for(spec, shapes, {**params, **_dtype_params(first)})
+
+    def launch(i: int) -> None:
+        ops.run(spec, input_sets[i], params, out=outputs, workspace=workspace)
+
+    eager = time_eager(cp, launch, rotate)
+    graphed = time_graph(cp, launch, rotate) if graph else None
+    headline = (graphed or eager).median_us
+    gbps = shape.bytes_moved / headline / 1e3
+    tflops = shape.flops / headline / 1e6 if shape.flops else 0.0
+    result = ShapeResult(spec.name, shape.name, params, shape.bytes_moved, shape.flops, shape.size or shape.bytes_moved,
+                         eager, graphed, headline, gbps, 100 * gbps / peaks.copy_gbps, tflops,
+                         100 * tflops / peaks.matmul_tflops if shape.flops else 0.0)
+    if baselines and shape.cpu_baseline:
+        host = {k: verify.download(v) for k, v in first.items()}
+        spec.reference(host, params)  # warm: first call pays imports
+        samples = []
+        for _ in range(CPU_REPEATS):
+            started = time.perf_counter()
+            spec.reference(host, params)
+            samples.append((time.perf_counter() - started) * 1e6)
+        result.cpu_reference_us = statistics.median(samples)
+    if baselines and spec.torch_baseline is not None:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            result.notes.append("PyTorch not installed: no PyTorch baseline")
+        else:
+            run_torch = spec.torch_baseline(first, params)
+            if run_torch is not None:
+                result.torch_us = time_eager(cp, lambda i: run_torch(), 1).median_us
+    del input_sets, outputs
+    cp.get_default_memory_pool().free_all_blocks()
+    return result
+
+
+def _copy(cp, value):
+    return ops.Bf16(value.bits.copy()) if isinstance(value, ops.Bf16) else value.copy()
+
+
+def _dtype_params(inputs: dict) -> dict:
+    return {f"{k}_dtype": ("bfloat16" if isinstance(v, ops.Bf16) else str(v.dtype)) for k, v in inputs.items()}
+
+
+def results_json(results: list[ShapeResult], peaks) -> str:
+    return json.dumps({"peaks": asdict(peaks), "results": [asdict(r) for r in results]}, indent=2)
+
+
+def regressions(results: list[ShapeResult], baseline: dict, max_regression_pct: float) -> list[tuple[str, str, float, float]]:
+    """(kernel, shape, baseline us, now us) for every shape slower than the baseline by more than PCT."""
+    before = {(r["kernel"], r["shape"]): r["headline_us"] for r in baseline.get("results", [])}
+    slower = []
+    for r in results:
+        old = before.get((r.kernel, r.shape))
+        if old is not None and r.headline_us > old * (1 + max_regression_pct / 100):
+            slower.append((r.kernel, r.shape, old, r.headline_us))
+    return slower
+
+
+def plot(results: list[ShapeResult], path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kernels = list(dict.fromkeys(r.kernel for r in results))
+    figure, axes = plt.subplots(1, len(kernels), figsize=(5 * len(kernels), 4), squeeze=False)
+    for axis, kernel in zip(axes[0], kernels):
+        mine = sorted((r for r in results if r.kernel == kernel), key=lambda r: r.size)
+        axis.loglog([r.size for r in mine], [r.headline_us for r in mine], "o-", label="kdt (graph)")
+        if any(r.cpu_reference_us for r in mine):
+            axis.loglog([r.size for r in mine if r.cpu_reference_us], [r.cpu_reference_us for r in mine if r.cpu_reference_us],
+                        "s--", label="CPU reference")
+        if any(r.torch_us for r in mine):
+            axis.loglog([r.size for r in mine if r.torch_us], [r.torch_us for r in mine if r.torch_us], "^--", label="PyTorch")
+        axis.set_title(kernel)
+        axis.set_xlabel("bytes moved (model)")
+        axis.set_ylabel("time per launch (us)")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def device_bf16(cp, values) -> "ops.Bf16":
+    """float32 CuPy array -> bf16 bits, round to nearest even (finite inputs), as ml_dtypes does on the host."""
+    bits = cp.ascontiguousarray(values, dtype=cp.float32).view(cp.uint32)
+    rounded = (bits + cp.uint32(0x7FFF) + ((bits >> cp.uint32(16)) & cp.uint32(1))) >> cp.uint32(16)
+    return ops.Bf16(rounded.astype(cp.uint16))
+
+
+def upload_host(cp, arrays: dict) -> dict:
+    return verify.upload(arrays)

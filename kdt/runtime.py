@@ -1,0 +1,69 @@
+"""The GPU side of kdt: CuPy, the current device, and the kernels' modules loaded from their cubins.
+
+Nothing here is imported until a command needs a GPU, so the CPU-only parts of kdt never need CuPy.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+
+from kdt import build, toolkit
+from kdt.spec import StageSpec
+
+
+class GpuMissing(Exception):
+    """No CuPy or no GPU: the environment cannot run kernels (exit code 2)."""
+
+
+@cache
+def cupy():
+    try:
+        module = importlib.import_module("cupy")
+    except Exception as error:  # ImportError, or a CuPy built for another CUDA failing to load its libraries
+        raise GpuMissing(f"CuPy is not importable ({type(error).__name__}: {error}); "
+                         "install it with `python3 -m pip install -e '.[gpu]'`") from None
+    try:
+        count = module.cuda.runtime.getDeviceCount()
+    except Exception as error:
+        raise GpuMissing(f"no usable GPU ({type(error).__name__}: {error})") from None
+    if count < 1:
+        raise GpuMissing("no GPU: CUDA reports no device")
+    return module
+
+
+def device_arch() -> str:
+    return f"sm_{cupy().cuda.Device().compute_capability}"  # CuPy gives "90" for 9.0
+
+
+def default_arches() -> list[str]:
+    """The arch of the GPU present, else sm_120 (the project's primary target)."""
+    try:
+        return [device_arch()]
+    except GpuMissing:
+        return [toolkit.DEFAULT_ARCH]
+
+
+@cache
+def _module_for(spec_name: str, arch: str, cubin: str):
+    return cupy().RawModule(path=cubin)
+
+
+@cache
+def load(spec_name: str):
+    """The stage's kernel module for the current device, built (or found in the cache) for its arch once
+    per process, so a launch costs no file hashing."""
+    from kdt import stages
+
+    spec = stages.get(spec_name)
+    arch = device_arch()
+    result = build.build(spec, arch)
+    try:
+        return _module_for(spec.name, arch, str(result.cubin))
+    except Exception as error:  # a cubin the driver refuses: wrong arch, too new a toolkit
+        raise GpuMissing(f"the {spec.name} cubin for {arch} does not load on this GPU/driver: {error}") from None
+
+
+def launcher(spec: StageSpec):
+    """kdt/launch/<stage>.py: the stage's `launch` (and optional `workspace_nbytes`)."""
+    return importlib.import_module(f"kdt.launch.{spec.module_name}")
