@@ -23,9 +23,11 @@ from kdt.spec import StageSpec
 MIN_RUNS = 100
 WARMUP = 10
 GRAPH_LAUNCHES = 20
+GRAPH_BELOW_US = 200.0             # graph mode only where launch gaps could matter: kernels under this
 L2_ROTATE_BYTES = 2 * 60 * 2**20   # rotate buffers until twice the H200's 60 MB L2 is covered
 MAX_ROTATE = 16
 CPU_REPEATS = 3
+BASELINE_RUNS = 20                 # PyTorch baselines can take tens of milliseconds a call
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def _nbytes(value) -> int:
 
 def time_eager(cp, launch: Callable[[int], None], rotate: int, runs: int = MIN_RUNS) -> Timing:
     stream = cp.cuda.get_current_stream()
-    for i in range(WARMUP):
+    for i in range(min(WARMUP, runs)):
         launch(i % rotate)
     events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(runs)]
     for i, (start, stop) in enumerate(events):
@@ -127,7 +129,7 @@ def bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool = True, b
         ops.run(spec, input_sets[i], params, out=outputs, workspace=workspace)
 
     eager = time_eager(cp, launch, rotate)
-    graphed = time_graph(cp, launch, rotate) if graph else None
+    graphed = time_graph(cp, launch, rotate) if graph and eager.median_us < GRAPH_BELOW_US else None
     headline = (graphed or eager).median_us
     gbps = shape.bytes_moved / headline / 1e3
     tflops = shape.flops / headline / 1e6 if shape.flops else 0.0
@@ -151,7 +153,7 @@ def bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool = True, b
         else:
             run_torch = spec.torch_baseline(first, params)
             if run_torch is not None:
-                result.torch_us = time_eager(cp, lambda i: run_torch(), 1).median_us
+                result.torch_us = time_eager(cp, lambda i: run_torch(), 1, BASELINE_RUNS).median_us
     del input_sets, outputs
     cp.get_default_memory_pool().free_all_blocks()
     return result

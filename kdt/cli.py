@@ -269,6 +269,26 @@ def bench_command(kernels: list[str] = typer.Argument(..., help="a kernel name o
     raise typer.Exit(EXIT_OK)
 
 
+@app.command("pipeline")
+def pipeline_command(batch: int = typer.Option(8, "--batch", help="requests decoded together (G)"),
+                     budget: int = typer.Option(63, "--budget", help="tree nodes per request and step, root excluded (B)"),
+                     depth: int = typer.Option(8, "--depth", help="draft positions per step (K)"),
+                     topk: int = typer.Option(8, "--topk", help="candidates kept per position (V)"),
+                     tokens: int = typer.Option(128, "--tokens", help="tokens to generate per request"),
+                     seed: int = typer.Option(0, "--seed", help="seeds the models, the prompts and the drafter"),
+                     backend: str = typer.Option("gpu", "--backend", help="gpu (kdt kernels in a CUDA graph) or cpu (the references)"),
+                     draft_quality: float = typer.Option(0.8, "--draft-quality",
+                                                         help="0..1: how often the drafter's top guess is the target's token"),
+                     vocab: int = typer.Option(4096, "--vocab", help="vocabulary of the target and the drafter"),
+                     json_file: Optional[Path] = typer.Option(None, "--json", help="write every number as JSON")):
+    """DDTree speculative decoding end to end on a synthetic target/drafter pair; exit 1 unless lossless."""
+    from kdt import pipeline
+
+    config = pipeline.PipelineConfig(batch=batch, budget=budget, depth=depth, topk=topk, tokens=tokens, seed=seed,
+                                     backend=backend, draft_quality=draft_quality, vocab=vocab)
+    raise typer.Exit(pipeline.command(config, json_file))
+
+
 def _is_usage_error(error: Exception) -> bool:
     """Click's usage errors, whether from click itself or the copy newer Typer releases vendor."""
     return hasattr(error, "show") and hasattr(error, "exit_code") and hasattr(error, "format_message")
@@ -297,6 +317,9 @@ def main() -> None:
         code = EXIT_ENVIRONMENT
     except (toolkit.ToolkitMissing, runtime.GpuMissing) as error:
         errors.print(f"[red]cannot run here:[/] {escape(str(error))}")
+        code = EXIT_ENVIRONMENT
+    except OSError as error:  # a read-only directory, a full disk: the file system said no
+        errors.print(f"[red]file system error:[/] {escape(str(error))}")
         code = EXIT_ENVIRONMENT
     except Exception as error:
         if not _is_usage_error(error):

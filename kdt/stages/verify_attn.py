@@ -73,6 +73,66 @@ def make_cases() -> list[Case]:
     ]
 
 
+def random_case(rng: np.random.Generator) -> Case:
+    """Random shape within the limits: G 1..3, N = B + 1 with B in {1, 7, 15, 40, 63} (N not a multiple of
+    any tile), H in {1, 2, 8, 16}, ragged prefixes of 0..3000 tokens (empty, one token, page edges), pages
+    shuffled (now and then in order), trees of every shape the builder makes (chains, stars, fewer nodes than
+    slots)."""
+    groups = int(rng.integers(1, 4))
+    budget = int(rng.choice([1, 7, 15, 40, 63]))
+    heads = int(rng.choice([1, 2, 8, 16]))
+    edges = (0, 1, 63, 64, 65, 127, 128, 2999, 3000)
+    prefix = [int(rng.choice(edges)) if rng.random() < 0.4 else int(rng.integers(0, 3001)) for _ in range(groups)]
+    depth, fanout = int(rng.choice([1, 3, 7, 15])), int(rng.choice([1, 2, 4, 8]))
+    shuffle = bool(rng.random() < 0.8)
+    inputs = attention_inputs(rng, prefix, heads, depth, fanout, budget, shuffle_pages=shuffle,
+                              spare_pages=int(rng.integers(1, 5)))
+    seed = int(rng.integers(0, 2**31))
+    return _case(f"random_{seed}", f"random G={groups} H={heads} B={budget} K={depth} V={fanout} prefixes {prefix}"
+                 + ("" if shuffle else ", pages in order"), seed, inputs)
+
+
+def shrink_case(case: Case):
+    """Smaller variants of a failing case, for `kdt fuzz`: one request (the paged cache stays shared),
+    fewer heads, shorter prefixes (all empty, halved, one request at a time: empty, halved, page-aligned,
+    one token less), fewer slots (the first N' of a tree whose parents precede their children), and the
+    cache cut down to the pages the block table names."""
+    from kdt.fuzz import batch_variants, smaller_sizes, with_inputs
+
+    yield from batch_variants(case, shared=("kv_cache",))
+    x = case.inputs
+    q, prefix = x["q"], x["prefix_len"]
+    groups, slots, heads, _ = q.shape
+    for fewer in smaller_sizes(heads):
+        yield with_inputs(case, q=q[:, :, :fewer])
+    options = [np.zeros_like(prefix), prefix // 2]
+    for g in range(groups):
+        for value in (0, prefix[g] // 2, prefix[g] // PAGE_SIZE * PAGE_SIZE, prefix[g] - 1):
+            if 0 <= value < prefix[g]:
+                changed = prefix.copy()
+                changed[g] = value
+                options.append(changed)
+    tried = {prefix.tobytes()}
+    for option in options:
+        if option.tobytes() not in tried:
+            tried.add(option.tobytes())
+            yield with_inputs(case, prefix_len=option.astype(np.int32))
+    for fewer in smaller_sizes(slots):
+        mask = x["mask"][:, :fewer, :mask_words(fewer)].copy()
+        if fewer % 32:
+            mask[:, :, -1] &= np.uint32((1 << (fewer % 32)) - 1)
+        yield with_inputs(case, q=q[:, :fewer], kv_tree=x["kv_tree"][:, :fewer], mask=mask,
+                          n_nodes=np.minimum(x["n_nodes"], fewer - 1).astype(np.int32))
+    pages = x["kv_cache"].shape[0]
+    needed = max(1, (int(prefix.max(initial=0)) + PAGE_SIZE - 1) // PAGE_SIZE)
+    table = x["block_table"][:, :needed]
+    valid = (table >= 0) & (table < pages)
+    used = np.unique(table[valid])
+    if needed < x["block_table"].shape[1] or used.size < pages:
+        renumbered = np.where(valid, np.searchsorted(used, np.where(valid, table, 0)), table).astype(np.int32)
+        yield with_inputs(case, kv_cache=x["kv_cache"][used], block_table=renumbered)
+
+
 def output_layout(shapes, params) -> dict[str, OutputLayout]:
     groups, slots, heads, _ = shapes["q"]
     return {"out": OutputLayout((groups, slots, heads, int(params["d_v"])), params.get("out_dtype", "float32")),
@@ -106,6 +166,78 @@ def run_reference(inputs, params):
                                  d_v=int(params["d_v"]))
 
 
+def _device_inputs(cp, groups: int, heads: int, slots: int, prefix: int, seed: int) -> dict:
+    """Bench inputs made on the GPU (a 131072-token prefix is gigabytes): a shared paged cache with each
+    request's pages scattered, trees from the reference builder."""
+    from kdt.bench import device_bf16
+    from kdt.verify import upload
+
+    rng = cp.random.default_rng(seed)
+    pages_each = (prefix + PAGE_SIZE - 1) // PAGE_SIZE
+    total_pages = max(groups * pages_each, 1)
+    order = np.random.default_rng(seed).permutation(total_pages).astype(np.int32)
+    block_table = order[: groups * pages_each].reshape(groups, pages_each) if pages_each else np.zeros((groups, 1), np.int32)
+    lp, ids = drafter_topk(np.random.default_rng(seed), groups, 15, 8)
+    tree = tree_build(lp, ids, slots - 1)
+    host = {"block_table": np.ascontiguousarray(block_table), "prefix_len": np.full(groups, prefix, np.int32),
+            "mask": tree["mask"], "n_nodes": tree["n_nodes"]}
+    device = upload(host)
+    device["q"] = device_bf16(cp, rng.standard_normal((groups, slots, heads, KEY_DIM), dtype=cp.float32))
+    device["kv_cache"] = device_bf16(cp, rng.standard_normal((total_pages, PAGE_SIZE, KEY_DIM), dtype=cp.float32))
+    device["kv_tree"] = device_bf16(cp, rng.standard_normal((groups, slots, KEY_DIM), dtype=cp.float32))
+    return device
+
+
+def bench_shapes(quick: bool):
+    from kdt.bench import BenchShape
+
+    def shape(groups, heads, slots, prefix):
+        keys = groups * (prefix + slots) * KEY_DIM * 2
+        moved = keys + groups * slots * heads * (KEY_DIM * 2 + VALUE_DIM * 4 + 4)
+        flops = 2 * heads * slots * (prefix + slots) * (KEY_DIM + VALUE_DIM) * groups
+        return BenchShape(f"G{groups}_H{heads}_N{slots}_prefix{prefix}",
+                          lambda cp: _device_inputs(cp, groups, heads, slots, prefix, seed=groups + heads + slots),
+                          {"softmax_scale": float(1.0 / np.sqrt(KEY_DIM)), "d_v": VALUE_DIM, "out_dtype": "float32"},
+                          moved, flops, cpu_baseline=False, size=flops)
+
+    headline = [shape(1, 64, 256, 32768), shape(8, 8, 8, 131072)]
+    if quick:
+        return headline
+    grid = [shape(g, h, n, p) for g, h, n, p in [
+        (1, 8, 8, 1024), (1, 16, 64, 8192), (1, 64, 64, 32768), (1, 16, 256, 131072),
+        (8, 16, 64, 8192), (8, 64, 8, 32768), (8, 64, 256, 8192), (8, 8, 64, 131072),
+        (32, 8, 8, 1024), (32, 16, 8, 8192), (32, 64, 64, 1024), (32, 8, 256, 32768)]]
+    return headline + grid
+
+
+def torch_baseline(inputs, params):
+    """PyTorch's scaled_dot_product_attention with a boolean mask on the same inputs (prefix gathered to a
+    contiguous tensor beforehand, outside the timing): its memory-efficient backend takes 576-dim heads."""
+    import torch
+
+    def as_torch(value):
+        return torch.from_dlpack(value.bits.view("int16")).view(torch.bfloat16)
+
+    q = as_torch(inputs["q"])                      # [G, N, H, Dqk]
+    groups, slots, heads, key_dim = q.shape
+    cache = as_torch(inputs["kv_cache"])
+    table = torch.from_dlpack(inputs["block_table"]).long()
+    prefix = int(torch.from_dlpack(inputs["prefix_len"]).max().item())
+    pages = (prefix + PAGE_SIZE - 1) // PAGE_SIZE
+    prefix_keys = cache[table[:, :pages]].reshape(groups, pages * PAGE_SIZE, key_dim)[:, :prefix]
+    keys = torch.cat([prefix_keys, as_torch(inputs["kv_tree"])], dim=1)        # [G, T, Dqk]
+    words = torch.from_dlpack(inputs["mask"]).to(torch.int64)                  # [G, N, W]
+    bits = (words[..., :, None] >> torch.arange(32, device=words.device)) & 1
+    tree_allowed = bits.reshape(groups, slots, -1)[:, :, :slots].bool()
+    allowed = torch.cat([torch.ones(groups, slots, prefix, dtype=torch.bool, device=q.device), tree_allowed], 2)
+    query = q.permute(0, 2, 1, 3)                                             # [G, H, N, Dqk]
+    key = keys[:, None].expand(groups, heads, -1, key_dim)
+    value = keys[:, None, :, : int(params["d_v"])].expand(groups, heads, -1, int(params["d_v"]))
+    mask = allowed[:, None]
+    scale = float(params["softmax_scale"])
+    return lambda: torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+
+
 SPEC = StageSpec(
     name="verify-attn",
     position=4,
@@ -118,4 +250,8 @@ SPEC = StageSpec(
     output_layout=output_layout,
     check_layout=check_layout,
     description="MLA tree-verify attention over a paged prefix and the tree's own keys",
+    random_case=random_case,
+    shrink=shrink_case,
+    bench_shapes=bench_shapes,
+    torch_baseline=torch_baseline,
 )

@@ -1,0 +1,286 @@
+"""`kdt pipeline`: speculative decoding end to end must be lossless (CPU backend in CI; the GPU backend where
+there is one). Small vocabularies and few tokens keep every test fast on two cores."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import refs.tree_accept
+from kdt import pipeline
+from kdt.pipeline import PipelineConfig
+from refs.errors import BadInput
+from refs.topk import topk
+from refs.tree_build import tree_build
+
+SMALL = PipelineConfig(batch=3, budget=15, depth=4, topk=4, tokens=24, seed=1, backend="cpu", draft_quality=0.7,
+                       vocab=256)
+
+
+def run_cpu(**changes) -> pipeline.PipelineResult:
+    return pipeline.run(replace(SMALL, **changes))
+
+
+def kdt(*args, cwd=None):
+    env = {**os.environ, "COLUMNS": "200", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "kdt", *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=300)
+
+
+# ---- lossless ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget, depth, fanout, quality", [
+    (1, 1, 1, 0.5),      # the smallest tree: one node
+    (7, 4, 4, 0.7),
+    (31, 6, 8, 0.9),
+    (5, 8, 3, 0.8),      # budget below depth: the tree cannot reach depth K
+    (40, 3, 16, 0.4),    # a wide, shallow tree
+    (20, 12, 2, 0.95),   # a deep, narrow one
+])
+def test_lossless_on_cpu(budget, depth, fanout, quality):
+    result = run_cpu(budget=budget, depth=depth, topk=fanout, draft_quality=quality)
+    assert result.lossless, result.mismatch
+    assert result.passed
+    assert result.generated.shape == (SMALL.batch, SMALL.tokens)
+    lens = result.all_accept_lens
+    assert lens.min() >= 0 and lens.max() <= min(depth, budget)
+    assert result.tokens_per_target_call >= 1.0
+    # one row of accept lengths per step, one entry per request still generating
+    assert sum(len(step) for step in result.accept_lens) == int(result.request_steps.sum())
+
+
+def test_a_drafter_that_is_always_wrong_accepts_nothing_and_is_still_lossless():
+    result = run_cpu(draft_quality=0.0, budget=31, depth=5, topk=8)
+    assert result.lossless, result.mismatch
+    assert (result.all_accept_lens == 0).all()
+    assert result.steps == SMALL.tokens  # one token (the bonus) per target call
+    assert result.tokens_per_target_call == 1.0
+
+
+@pytest.mark.parametrize("budget, depth", [(15, 4), (6, 6), (40, 12)])
+def test_a_drafter_that_is_always_right_accepts_the_full_depth(budget, depth):
+    result = run_cpu(draft_quality=1.0, budget=budget, depth=depth, topk=4)
+    assert result.lossless, result.mismatch
+    assert (result.all_accept_lens == depth).all()
+    steps = -(-SMALL.tokens // (depth + 1))
+    assert result.steps == steps and (result.request_steps == steps).all()
+
+
+def test_an_always_right_drafter_is_limited_by_the_budget():
+    result = run_cpu(draft_quality=1.0, budget=3, depth=8)
+    assert result.lossless
+    assert (result.all_accept_lens == 3).all()
+
+
+def test_acceptance_varies_and_grows_with_draft_quality():
+    low, high = run_cpu(draft_quality=0.3, tokens=32), run_cpu(draft_quality=0.9, tokens=32)
+    assert low.lossless and high.lossless
+    assert len(np.unique(high.all_accept_lens)) > 2  # lengths vary, as in practice
+    assert high.mean_accept_len > low.mean_accept_len
+    assert high.tokens_per_target_call > low.tokens_per_target_call
+
+
+def test_requests_finish_independently_and_exactly_at_tokens():
+    result = run_cpu(tokens=17, draft_quality=0.8)
+    assert result.lossless
+    assert result.generated.shape == (SMALL.batch, 17)
+    assert len(set(result.request_steps.tolist())) > 1  # some requests needed more steps than others
+
+
+def test_same_seed_same_run_other_seed_other_text():
+    a, b, c = run_cpu(), run_cpu(), run_cpu(seed=2)
+    assert np.array_equal(a.generated, b.generated)
+    assert [x.tolist() for x in a.accept_lens] == [x.tolist() for x in b.accept_lens]
+    assert not np.array_equal(a.generated, c.generated)
+
+
+# ---- the check can fail --------------------------------------------------------------------------------------
+
+
+def _off_by_one_bonus(monkeypatch, vocab: int) -> None:
+    """A broken acceptance: the bonus token is the target's prediction plus one."""
+    real = refs.tree_accept.tree_accept
+
+    def broken(*args, **kwargs):
+        out = real(*args, **kwargs)
+        rows = np.arange(out["accept_len"].shape[0])
+        out["accept_tokens"][rows, out["accept_len"]] = (out["accept_tokens"][rows, out["accept_len"]] + 1) % vocab
+        return out
+
+    monkeypatch.setattr(refs.tree_accept, "tree_accept", broken)
+
+
+def test_a_broken_acceptance_fails_the_lossless_check(monkeypatch):
+    _off_by_one_bonus(monkeypatch, SMALL.vocab)
+    result = run_cpu()
+    assert not result.lossless and not result.passed
+    mismatch = result.mismatch
+    assert mismatch.expected != mismatch.got
+    assert result.generated[mismatch.request, mismatch.position] == mismatch.got
+    assert result.greedy[mismatch.request, mismatch.position] == mismatch.expected
+    assert np.array_equal(result.generated[mismatch.request, :mismatch.position],
+                          result.greedy[mismatch.request, :mismatch.position])
+
+
+def test_a_broken_acceptance_exits_1(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from kdt.cli import app
+
+    _off_by_one_bonus(monkeypatch, 256)
+    out = tmp_path / "p.json"
+    done = CliRunner().invoke(app, ["pipeline", "--backend", "cpu", "--batch", "2", "--tokens", "12", "--vocab", "256",
+                                    "--budget", "7", "--depth", "3", "--topk", "4", "--json", str(out)])
+    assert done.exit_code == 1, done.output
+    assert "not lossless" in done.output
+    report = json.loads(out.read_text())
+    assert report["lossless"] is False and report["first_mismatch"]["position"] >= 0
+
+
+# ---- the command line ----------------------------------------------------------------------------------------
+
+
+def test_cli_cpu_runs_and_writes_json(root, tmp_path):
+    out = tmp_path / "pipeline.json"
+    done = kdt("pipeline", "--backend", "cpu", "--batch", "2", "--budget", "15", "--depth", "4", "--topk", "4",
+               "--tokens", "20", "--seed", "3", "--draft-quality", "0.8", "--vocab", "512", "--json", str(out),
+               cwd=root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "mean accepted length" in done.stdout and "tokens per target call" in done.stdout
+    report = json.loads(out.read_text())
+    assert report["lossless"] is True and report["passed"] is True
+    assert report["config"]["budget"] == 15 and report["config"]["backend"] == "cpu"
+    assert report["tokens_generated"] == 40
+    assert report["tokens_per_target_call"] >= 1.0
+    assert set(report["stages"]) == set(pipeline.STAGES)
+    assert all(stage["ms_per_step_median"] is not None for stage in report["stages"].values())
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--budget", "0"], "--budget"),
+    (["--budget", "1024"], "--budget"),
+    (["--depth", "65"], "--depth"),
+    (["--topk", "0"], "--topk"),
+    (["--topk", "600", "--vocab", "512"], "--topk"),
+    (["--tokens", "0"], "--tokens"),
+    (["--batch", "0"], "--batch"),
+    (["--draft-quality", "1.5"], "--draft-quality"),
+    (["--backend", "tpu"], "--backend"),
+])
+def test_bad_options_are_named(args, option):
+    values = dict(zip(args[::2], args[1::2]))
+    config = PipelineConfig(
+        batch=int(values.get("--batch", 1)), budget=int(values.get("--budget", 7)), depth=int(values.get("--depth", 3)),
+        topk=int(values.get("--topk", 4)), tokens=int(values.get("--tokens", 8)),
+        backend=values.get("--backend", "cpu"),
+        draft_quality=float(values.get("--draft-quality", 0.5)), vocab=int(values.get("--vocab", 512)))
+    with pytest.raises(BadInput) as error:
+        pipeline.validate(config)
+    assert error.value.argument == option
+
+
+def test_cli_bad_option_exits_3_naming_it(root):
+    done = kdt("pipeline", "--backend", "cpu", "--draft-quality", "2", cwd=root)
+    assert done.returncode == 3
+    assert "--draft-quality" in done.stderr and "Traceback" not in done.stderr
+
+
+# ---- the pieces ----------------------------------------------------------------------------------------------
+
+
+def test_target_logits_are_exact_integers_and_greedy_breaks_ties_to_the_smaller_id():
+    model = pipeline.TargetModel.create(0, 300)
+    logits = model.logits(np.array([[1, 2, 3], [4, 5, 6]], np.int32))
+    assert logits.dtype == np.float32 and (logits == np.round(logits)).all() and np.abs(logits).max() < 2**24
+    tied = np.array([[1.0, 5.0, 5.0, 2.0], [3.0, 3.0, 3.0, 3.0]], np.float32)
+    assert pipeline.greedy(np, tied).tolist() == [1, 0]
+
+
+def test_slot_contexts_follow_the_path_back_into_the_committed_text():
+    rng = np.random.default_rng(4)
+    top = topk(rng.standard_normal((2, 5, 50)).astype(np.float32) * 3, 3)
+    tree = tree_build(top["top_logp"], top["top_ids"], 20)
+    committed = np.array([[7, 8, 9], [10, 11, 12]], np.int32)
+    contexts = pipeline.slot_contexts(tree["parent"], tree["token"], tree["depth"], committed)
+    for g in range(2):
+        for slot in range(21):
+            path = []
+            cur = slot
+            while cur > 0:  # unused slots (depth -1) have no path: the committed text alone
+                path.append(int(tree["token"][g, cur]))
+                cur = int(tree["parent"][g, cur])
+            text = committed[g].tolist() + path[::-1]
+            assert contexts[g, slot].tolist() == text[-3:], (g, slot)
+
+
+def test_append_stops_each_request_at_its_token_count():
+    tokens = 5
+    seq = np.zeros((2, pipeline.PROMPT_LEN + tokens + 4), np.int32)
+    seq_len = np.array([pipeline.PROMPT_LEN, pipeline.PROMPT_LEN + 3], np.int32)
+    accept_tokens = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int32)
+    pipeline.append_accepted(np, seq, seq_len, np.array([3, 3], np.int32), accept_tokens, tokens)
+    assert seq_len.tolist() == [pipeline.PROMPT_LEN + 4, pipeline.PROMPT_LEN + 5]
+    assert seq[0, pipeline.PROMPT_LEN:pipeline.PROMPT_LEN + 4].tolist() == [1, 2, 3, 4]
+    assert seq[1, pipeline.PROMPT_LEN + 3:pipeline.PROMPT_LEN + 5].tolist() == [5, 6]
+
+
+def test_drafter_quality_extremes():
+    model = pipeline.TargetModel.create(0, 200)
+    committed = np.array([[1, 2, 3], [40, 50, 60]], np.int32)
+
+    def target_greedy(last3):
+        return pipeline.greedy(np, model.logits(last3))
+
+    def truth_chain():
+        context, chain = committed, []
+        for _ in range(4):
+            t = target_greedy(context)
+            chain.append(t)
+            context = np.concatenate([context[:, 1:], t[:, None]], axis=1)
+        return np.stack(chain, axis=1)
+
+    options = dict(step=0, seed=0, depth=4, vocab=200)
+    right = pipeline.draft_logits(np, target_greedy, committed, quality=1.0, **options)
+    assert np.array_equal(pipeline.greedy(np, right), truth_chain())
+    wrong = pipeline.draft_logits(np, target_greedy, committed, quality=0.0, **options)
+    truth = target_greedy(committed)
+    assert (pipeline.greedy(np, wrong)[:, 0] != truth).all()
+    assert (wrong[np.arange(2), 0, truth] == -np.inf).all()  # ruled out: never in any tree
+
+
+# ---- the GPU backend -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quality", [0.0, 0.7, 1.0])
+def test_gpu_is_lossless_and_accepts_what_the_cpu_accepts(quality):
+    config = PipelineConfig(batch=4, budget=31, depth=6, topk=8, tokens=40, seed=5, draft_quality=quality, vocab=2048)
+    gpu = pipeline.run(replace(config, backend="gpu"))
+    cpu = pipeline.run(replace(config, backend="cpu"))
+    assert gpu.lossless, gpu.mismatch
+    assert not gpu.disagreements, gpu.disagreements
+    assert np.array_equal(gpu.generated, cpu.generated)
+    assert [x.tolist() for x in gpu.accept_lens] == [x.tolist() for x in cpu.accept_lens]
+    assert len(gpu.graph_ms) == gpu.steps and all(ms > 0 for ms in gpu.graph_ms)
+    for name in pipeline.STAGES:
+        assert len(gpu.timings[name].ms) == gpu.steps
+    for name in pipeline.GRAPH_STAGES:
+        assert len(gpu.timings[name].reference_ms) == gpu.steps
+
+
+@pytest.mark.gpu
+def test_gpu_cli_default_run(root, tmp_path):
+    out = tmp_path / "gpu.json"
+    done = kdt("pipeline", "--backend", "gpu", "--tokens", "64", "--json", str(out), cwd=root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert report["lossless"] and report["passed"] and report["step_graph_ms_per_step_median"] > 0
+    for name in pipeline.KDT_STAGES:
+        assert report["stages"][name]["cpu_reference_ms_per_step_median"] > 0
