@@ -92,6 +92,15 @@ def _golden_from_inputs(kernels: Optional[list[str]], inputs: Optional[Path], ou
     if kernels and kernels != [captured.kernel]:
         raise BadInput("KERNEL", f"the file's own kernel {captured.kernel!r} (or none)", kernels)
     spec = stages.get(captured.kernel)
+    from kdt.dtypes import name as dtype_name
+
+    for item in captured.cases:  # a missing input or parameter, a wrong dtype or rank: named, before the reference
+        case = item.case
+        try:
+            spec.check_layout({key: tuple(a.shape) for key, a in case.inputs.items()},
+                              {key: dtype_name(a.dtype) for key, a in case.inputs.items()}, dict(case.params))
+        except BadInput as error:
+            raise BadInput(f"{inputs} case {case.name!r}: {error.argument}", error.expected, error.actual) from None
     with _progress() as progress:
         task = progress.add_task(f"{spec.name}: reference", total=len(captured.cases))
         computed = golden.expected_for(spec, [item.case for item in captured.cases], lambda: progress.advance(task))
@@ -101,11 +110,17 @@ def _golden_from_inputs(kernels: Optional[list[str]], inputs: Optional[Path], ou
 
 
 def _arches(arch: Optional[list[str]]) -> list[str]:
-    chosen = arch or runtime.default_arches()
-    for item in chosen:
+    if not arch:
+        found = runtime.default_arches()
+        for item in found:
+            if item not in toolkit.SUPPORTED_ARCHES:
+                raise runtime.GpuMissing(f"this GPU is {item}; kdt builds its kernels for "
+                                         f"{', '.join(toolkit.SUPPORTED_ARCHES)} only (--arch builds for another)")
+        return found
+    for item in arch:
         if item not in toolkit.SUPPORTED_ARCHES:
             raise BadInput("--arch", "one of " + ", ".join(toolkit.SUPPORTED_ARCHES), item)
-    return chosen
+    return arch
 
 
 def _build_table(results: list[build.BuildResult]) -> Table:
@@ -161,9 +176,11 @@ def verify_command(kernels: list[str] = typer.Argument(..., help="a kernel name 
                    max_diffs: int = typer.Option(10, "--max-diffs", min=0, help="mismatches shown per output"),
                    json_file: Optional[Path] = typer.Option(None, "--json", help="write the results as JSON"),
                    junit_file: Optional[Path] = typer.Option(None, "--junit", help="write JUnit XML"),
-                   graph: bool = typer.Option(False, "--graph", help="capture each launch in a CUDA graph, replay it")):
+                   graph: bool = typer.Option(False, "--graph", help="capture each launch in a CUDA graph, replay it"),
+                   regressions: bool = typer.Option(False, "--regressions",
+                                                    help="also run golden/regressions/<kernel>.h5 (found by kdt fuzz)")):
     """Run kernels on the GPU against the golden files, outputs poisoned; bit-exact diffs of any mismatch."""
-    from kdt import report, verify
+    from kdt import fuzz, report, verify
 
     specs = stages.select(kernels)
     if golden_file is not None and len(specs) != 1:
@@ -174,22 +191,26 @@ def verify_command(kernels: list[str] = typer.Argument(..., help="a kernel name 
             build.build(spec, target)
     results = []
     for spec in specs:
-        path = golden_file or golden.default_path("golden", spec.name)
-        table = Table(title=f"kdt verify {spec.name} ({path})")
-        for column in ("case", "result", "time us", "outputs"):
-            table.add_column(column)
-        cases = verify.verify_file(spec, path, case, max_diffs, graph)
-        if not cases:
-            raise BadInput("--case", f"a pattern matching a case in {path}", case)
-        for r in cases:
-            detail = r.error or ", ".join(f"{f.name} {f.mismatches}/{f.checked}" if not f.ok else f.name for f in r.fields)
-            table.add_row(r.case, "[green]pass[/]" if r.passed else "[red]FAIL[/]",
-                          "" if r.time_us is None else f"{r.time_us:.1f}", escape(detail))
-        console.print(table)
-        for r in cases:
-            if not r.passed:
-                _print_failures(r)
-        results.extend(cases)
+        paths = [golden_file or golden.default_path("golden", spec.name)]
+        if regressions and golden_file is None and fuzz.regressions_path(spec.name).exists():
+            paths.append(fuzz.regressions_path(spec.name))
+        for path in paths:
+            table = Table(title=f"kdt verify {spec.name} ({path})")
+            for column in ("case", "result", "time us", "outputs"):
+                table.add_column(column)
+            cases = verify.verify_file(spec, path, case, max_diffs, graph)
+            if not cases and path == paths[0]:
+                raise BadInput("--case", f"a pattern matching a case in {path}", case)
+            for r in cases:
+                detail = r.error or ", ".join(f"{f.name} {f.mismatches}/{f.checked}" if not f.ok else f.name
+                                              for f in r.fields)
+                table.add_row(r.case, "[green]pass[/]" if r.passed else "[red]FAIL[/]",
+                              "" if r.time_us is None else f"{r.time_us:.1f}", escape(detail))
+            console.print(table)
+            for r in cases:
+                if not r.passed:
+                    _print_failures(r)
+            results.extend(cases)
     failed = [r for r in results if not r.passed]
     console.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     if json_file:
@@ -287,6 +308,12 @@ def pipeline_command(batch: int = typer.Option(8, "--batch", help="requests deco
     config = pipeline.PipelineConfig(batch=batch, budget=budget, depth=depth, topk=topk, tokens=tokens, seed=seed,
                                      backend=backend, draft_quality=draft_quality, vocab=vocab)
     raise typer.Exit(pipeline.command(config, json_file))
+
+
+from kdt.cli_stress import fuzz_command, sanitize_command  # noqa: E402  (they use the helpers above)
+
+app.command("fuzz")(fuzz_command)
+app.command("sanitize")(sanitize_command)
 
 
 def _is_usage_error(error: Exception) -> bool:

@@ -57,6 +57,8 @@ def load(spec_name: str):
 
     spec = stages.get(spec_name)
     arch = device_arch()
+    if arch not in toolkit.SUPPORTED_ARCHES:
+        raise GpuMissing(f"this GPU is {arch}; kdt builds its kernels for {', '.join(toolkit.SUPPORTED_ARCHES)} only")
     result = build.build(spec, arch)
     try:
         return _module_for(spec.name, arch, str(result.cubin))

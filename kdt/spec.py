@@ -8,7 +8,7 @@ import hashlib
 import inspect
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -54,6 +54,7 @@ class StageSpec:
     check_layout: Callable[[Shapes, dict[str, str], Params], None]  # shapes/dtypes/limits, before launch
     description: str = ""
     random_case: Callable[[np.random.Generator], Case] | None = None  # fresh inputs of random shape (tests, fuzz)
+    shrink: Callable[[Case], Iterator[Case]] | None = None   # smaller variants of a failing case (fuzz)
     bench_shapes: Callable[[bool], list] | None = None      # (quick) -> [kdt.bench.BenchShape]
     torch_baseline: Callable[[dict, Params], Callable[[], object]] | None = None  # the obvious PyTorch version
 

@@ -75,6 +75,24 @@ def random_case(rng: np.random.Generator) -> Case:
                  to_bf16(logits) if rng.random() < 0.5 else logits)
 
 
+def shrink_case(case: Case):
+    """Smaller variants of a failing case, for `kdt fuzz` (largest cuts first): one request, fewer
+    positions K, a prefix of the vocabulary (every row keeps a finite logit; V clipped to it), a smaller V."""
+    from kdt.fuzz import batch_variants, smaller_sizes, with_inputs
+
+    yield from batch_variants(case)
+    logits, k = case.inputs["logits"], int(case.params["k"])
+    _, depth, vocab = logits.shape
+    for positions in smaller_sizes(depth):
+        yield with_inputs(case, logits=logits[:, :positions])
+    for size in smaller_sizes(vocab):
+        head = logits[:, :, :size]
+        if np.isfinite(head.astype(np.float32)).any(axis=2).all():
+            yield with_inputs(case, {"k": min(k, size)}, logits=head)
+    for fewer in smaller_sizes(k):
+        yield with_inputs(case, {"k": fewer})
+
+
 def output_layout(shapes, params) -> dict[str, OutputLayout]:
     groups, depth, _ = shapes["logits"]
     k = int(params["k"])
@@ -141,6 +159,7 @@ SPEC = StageSpec(
     check_layout=check_layout,
     description="drafter logits to per-position top-V log-probabilities",
     random_case=random_case,
+    shrink=shrink_case,
     bench_shapes=bench_shapes,
     torch_baseline=torch_baseline,
 )

@@ -192,6 +192,15 @@ def random_case(rng: np.random.Generator) -> Case:
                  tree, target_logits=logits)
 
 
+def shrink_case(case: Case):
+    """Smaller variants of a failing case, for `kdt fuzz`: one request, a smaller max_depth."""
+    from kdt.fuzz import batch_variants, smaller_sizes, with_inputs
+
+    yield from batch_variants(case)
+    for depth in smaller_sizes(int(case.params["max_depth"])):
+        yield with_inputs(case, {"max_depth": depth})
+
+
 def output_layout(shapes, params) -> dict[str, OutputLayout]:
     groups = shapes["token"][0]
     width = int(params["max_depth"]) + 1
@@ -294,6 +303,7 @@ SPEC = StageSpec(
     check_layout=check_layout,
     description="greedy acceptance of the longest matching path, plus the bonus token",
     random_case=random_case,
+    shrink=shrink_case,
     bench_shapes=bench_shapes,
     torch_baseline=torch_baseline,
 )

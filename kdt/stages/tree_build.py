@@ -118,6 +118,22 @@ def random_case(rng: np.random.Generator) -> Case:
                  lp, ids)
 
 
+def shrink_case(case: Case):
+    """Smaller variants of a failing case, for `kdt fuzz`: one request, a smaller budget B, fewer
+    positions K (axis 1), fewer ranks V (axis 2; a prefix of a non-increasing row stays non-increasing)."""
+    from kdt.fuzz import batch_variants, smaller_sizes, with_inputs
+
+    yield from batch_variants(case)
+    lp, ids, budget = case.inputs["top_logp"], case.inputs["top_ids"], int(case.params["budget"])
+    _, depth, fanout = lp.shape
+    for smaller in smaller_sizes(budget):
+        yield with_inputs(case, {"budget": smaller})
+    for positions in smaller_sizes(depth):
+        yield with_inputs(case, top_logp=lp[:, :positions], top_ids=ids[:, :positions])
+    for ranks in smaller_sizes(fanout):
+        yield with_inputs(case, top_logp=lp[:, :, :ranks], top_ids=ids[:, :, :ranks])
+
+
 def output_layout(shapes, params) -> dict[str, OutputLayout]:
     groups = shapes["top_logp"][0]
     slots = int(params["budget"]) + 1
@@ -175,5 +191,6 @@ SPEC = StageSpec(
     check_layout=check_layout,
     description="best-first draft tree with exact float32 path scores",
     random_case=random_case,
+    shrink=shrink_case,
     bench_shapes=bench_shapes,
 )

@@ -1,0 +1,184 @@
+"""Launcher for ``kernels/topk.cu`` (stage ``topk``).
+
+``launch(module, inputs, params, outputs, workspace)``:
+    inputs  = {"logits": cupy float32 or uint16 (bf16 bits) [G, K, vocab]}
+    params  = {"k": V, "logits_dtype": "float32" | "bfloat16"}
+    outputs = {"top_ids": int32 [G, K, V], "top_logp": float32 [G, K, V]}
+
+Paths (see the header of kernels/topk.cu):
+  * V <= 32: ``kdt_topk_small_{f32,bf16}_v{VT}`` (VT = smallest of 1, 2, 4, 8, 16, 32 >= V), grid R * S blocks of
+    256 threads; each row's vocabulary is split over S blocks (the last one to finish merges), S chosen from the
+    number of rows and SMs: few rows -> about one wave of blocks, many rows -> a few blocks per row.
+  * V > 32: ``kdt_topk_general_{f32,bf16}``, one 1024-thread block per row, no workspace.
+
+Workspace (only when S > 1), byte offsets, each part padded to 256 bytes:
+    u32 counter[R] | float2 (max, sum-exp) stats[R][S] | uint2 (key, id) candidates[R][S][VT]
+The kernel leaves it all zero again.  Everything here is host arithmetic on shapes; the only device read is
+the one-time check of the module's exported constants (first launch with a given module).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+try:  # the package may be imported on a machine without CuPy (spec checks, docs)
+    import cupy as cp
+except ImportError:  # pragma: no cover
+    cp = None
+
+# Mirrors of kernels/topk.cu constants (checked against the cubin's kdt_topk_* globals on first launch).
+SMALL_VT = (1, 2, 4, 8, 16, 32)
+SMALL_THREADS = 256
+GENERAL_THREADS = 1024
+MAX_SPLITS = 128
+MERGE_CAP = 2048
+MAX_V = 1024
+MAX_VOCAB = 1 << 18
+
+# Split tuning (performance only; any S in [1, limits] gives the same ids and logp within float rounding).
+BLOCKS_PER_SM = 3      # resident small-path blocks per SM (256 threads, 64-80 registers)
+MANY_ROWS_WAVES = 4    # when rows >= one wave of blocks: aim for this many waves of blocks in total
+MIN_CHUNK = 2048       # at least this many columns per block
+CHUNK_ALIGN = 64       # chunk is a multiple of this many columns
+
+_CONSTS = {
+    "kdt_topk_small_threads": SMALL_THREADS,
+    "kdt_topk_small_max_v": SMALL_VT[-1],
+    "kdt_topk_max_splits": MAX_SPLITS,
+    "kdt_topk_merge_cap": MERGE_CAP,
+    "kdt_topk_general_threads": GENERAL_THREADS,
+    "kdt_topk_max_v": MAX_V,
+    "kdt_topk_max_vocab": MAX_VOCAB,
+}
+_checked_modules: dict[int, object] = {}
+_sm_counts: dict[int, int] = {}
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _align256(n: int) -> int:
+    return (n + 255) & ~255
+
+
+def _sm_count() -> int:
+    dev = cp.cuda.Device()
+    n = _sm_counts.get(dev.id)
+    if n is None:
+        n = int(dev.attributes["MultiProcessorCount"])
+        _sm_counts[dev.id] = n
+    return n
+
+
+def _vt(V: int) -> int | None:
+    for t in SMALL_VT:
+        if V <= t:
+            return t
+    return None
+
+
+def plan(rows: int, vocab: int, V: int, sm_count: int) -> tuple[int | None, int, int]:
+    """(VT or None for the general path, S splits per row, chunk columns per split)."""
+    vt = _vt(V)
+    if vt is None:
+        return None, 1, vocab
+    target = max(1, sm_count * BLOCKS_PER_SM)
+    if rows >= target:
+        S = _cdiv(MANY_ROWS_WAVES * target, rows)
+    else:
+        S = target // rows
+    S = max(1, min(S, MAX_SPLITS, MERGE_CAP // vt, _cdiv(vocab, MIN_CHUNK)))
+    chunk = _cdiv(_cdiv(vocab, S), CHUNK_ALIGN) * CHUNK_ALIGN
+    S = _cdiv(vocab, chunk)
+    return vt, S, chunk
+
+
+def _ws_bytes(rows: int, S: int, vt: int | None) -> int:
+    if vt is None or S <= 1:
+        return 0
+    return _align256(rows * 4) + _align256(rows * S * 8) + rows * S * vt * 8
+
+
+def _check_args(rows: int, vocab: int, V: int) -> None:
+    if not (1 <= V <= min(vocab, MAX_V)):
+        raise ValueError(f"topk: k={V} must satisfy 1 <= k <= min(vocab={vocab}, {MAX_V})")
+    if vocab > MAX_VOCAB:
+        raise ValueError(f"topk: vocab={vocab} exceeds the kernel limit {MAX_VOCAB}")
+
+
+def workspace_nbytes(shapes: dict, params: dict) -> int:
+    G, K, vocab = (int(d) for d in shapes["logits"])
+    V = int(params["k"])
+    rows = G * K
+    if rows == 0:
+        return 0
+    _check_args(rows, vocab, V)
+    vt, S, _ = plan(rows, vocab, V, _sm_count())
+    return _ws_bytes(rows, S, vt)
+
+
+def _check_module(module) -> None:
+    if id(module) in _checked_modules:
+        return
+    try:  # a device read cannot run inside CUDA-graph capture: check on the next uncaptured launch instead
+        if cp.cuda.get_current_stream().is_capturing():
+            return
+    except AttributeError:  # pragma: no cover (old CuPy)
+        pass
+    for name, want in _CONSTS.items():
+        ptr = module.get_global(name)
+        got = int(cp.ndarray((1,), dtype=cp.int32, memptr=ptr).get()[0])
+        if got != want:
+            raise RuntimeError(f"topk: kernel constant {name}={got} but the launcher assumes {want}")
+    _checked_modules[id(module)] = module  # keep it alive so the id is not reused
+
+
+def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None:
+    logits = inputs["logits"]
+    top_ids = outputs["top_ids"]
+    top_logp = outputs["top_logp"]
+    dtype_name = params.get("logits_dtype", "float32")
+    if dtype_name == "float32":
+        sfx, want = "f32", np.float32
+    elif dtype_name == "bfloat16":
+        sfx, want = "bf16", np.uint16
+    else:
+        raise ValueError(f"topk: logits_dtype must be 'float32' or 'bfloat16', got {dtype_name!r}")
+    if logits.dtype != want:
+        raise ValueError(f"topk: logits dtype {logits.dtype} does not match logits_dtype={dtype_name!r}")
+    if logits.ndim != 3:
+        raise ValueError(f"topk: logits must be [G, K, vocab], got shape {logits.shape}")
+    G, K, vocab = (int(d) for d in logits.shape)
+    V = int(params["k"])
+    rows = G * K
+    _check_args(rows, vocab, V)
+    for name, arr, dt in (("top_ids", top_ids, np.int32), ("top_logp", top_logp, np.float32)):
+        if arr.dtype != dt or tuple(arr.shape) != (G, K, V):
+            raise ValueError(f"topk: {name} must be {np.dtype(dt).name} [{G}, {K}, {V}], got {arr.dtype} {arr.shape}")
+        if not arr.flags.c_contiguous:
+            raise ValueError(f"topk: {name} must be C-contiguous")
+    if not logits.flags.c_contiguous:
+        raise ValueError("topk: logits must be C-contiguous")
+    if rows == 0:
+        return
+    _check_module(module)
+
+    vt, S, chunk = plan(rows, vocab, V, _sm_count())
+    if vt is None:
+        fn = module.get_function(f"kdt_topk_general_{sfx}")
+        fn((rows,), (GENERAL_THREADS,), (logits, top_ids, top_logp, np.int32(vocab), np.int32(V)))
+        return
+
+    need = _ws_bytes(rows, S, vt)
+    if need:
+        if workspace is None or workspace.nbytes < need:
+            have = 0 if workspace is None else workspace.nbytes
+            raise ValueError(f"topk: workspace of {need} bytes needed, got {have} (see workspace_nbytes)")
+        ws = workspace
+    else:
+        ws = np.uint64(0)  # null pointer: the kernel never touches the workspace when S == 1
+    fn = module.get_function(f"kdt_topk_small_{sfx}_v{vt}")
+    fn((rows * S,), (SMALL_THREADS,),
+       (logits, top_ids, top_logp, ws, np.int32(vocab), np.int32(V), np.int32(chunk), np.int32(S)))

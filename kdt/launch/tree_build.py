@@ -1,0 +1,125 @@
+"""Launcher for `kernels/tree_build.cu` (contract section `tree-build`).
+
+One block per request. The entry point is `kdt_tree_build_p{NPL}`, NPL = the slots each lane of the build warp
+owns (the smallest power of two >= ceil((B + 1) / 32)), with the suffix `_g` when the log-probs the build can read
+(ranks < min(V, B + 1) at every depth) do not fit the shared-memory budget and the rest is read from global memory.
+Block size, the shared-memory budget and the layout sizes are read once per module from the kernel's exported
+`__constant__` ints. No workspace; no allocation, synchronisation or host read of device data in `launch` once the
+constants have been read (on first use), so it can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_PREFIX = "kdt_tree_build_"
+_CONSTANTS = ("threads", "smem_budget", "smem_slot_bytes", "smem_header_bytes", "max_budget", "max_depth",
+              "max_fanout")
+_SLOTS_PER_LANE = (1, 2, 4, 8, 16, 32)
+_DEFAULT_SMEM = 48 * 1024
+
+# id(module) -> (module, state); the module is kept so its id cannot be reused by another object.
+_STATE: dict[int, tuple[object, dict]] = {}
+
+
+def _read_constant(module, name: str) -> int:
+    import cupy
+
+    pointer = module.get_global(_PREFIX + name)
+    return int(cupy.ndarray((1,), dtype=cupy.int32, memptr=pointer).get()[0])
+
+
+def _state(module) -> dict:
+    entry = _STATE.get(id(module))
+    if entry is None or entry[0] is not module:
+        constants = {name: _read_constant(module, name) for name in _CONSTANTS}
+        entry = (module, {"constants": constants, "functions": {}})   # name -> [function, smem limit set]
+        _STATE[id(module)] = entry
+    return entry[1]
+
+
+def slots_per_lane(budget: int) -> int:
+    """NPL: the smallest power of two >= ceil((budget + 1) / 32)."""
+    need = (budget + 1 + 31) // 32
+    for npl in _SLOTS_PER_LANE:
+        if npl >= need:
+            return npl
+    raise ValueError(f"tree-build: budget {budget} needs more than {_SLOTS_PER_LANE[-1]} slots per lane")
+
+
+def smem_layout(depth: int, fanout: int, budget: int, constants: dict) -> tuple[int, int, int]:
+    """(NPL, Vs, dynamic shared bytes), the same formula as the kernel's layout comment.
+
+    Region x holds the [K, Vs] log-prob prefix during the build and the mask tiles
+    (threads / 32 warps x 32 rows x W words) during the finalize.
+    """
+    npl = slots_per_lane(budget)
+    slots = 32 * npl
+    words = (budget + 1 + 31) // 32
+    fixed = constants["smem_slot_bytes"] * slots + constants["smem_header_bytes"]
+    tiles = 4 * (constants["threads"] // 32) * 32 * words
+    room = constants["smem_budget"] - fixed
+    staged = min(fanout, budget + 1, room // (4 * depth))
+    if staged < 1 or tiles > room:
+        raise ValueError(f"tree-build: K={depth}, V={fanout}, B={budget} does not fit the shared-memory budget")
+    return npl, staged, fixed + max(4 * depth * staged, tiles)
+
+
+def workspace_nbytes(shapes: dict, params: dict) -> int:
+    return 0
+
+
+def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None:
+    top_logp = inputs["top_logp"]
+    top_ids = inputs["top_ids"]
+    budget = int(params["budget"])
+    groups, depth, fanout = (int(x) for x in top_logp.shape)
+
+    state = _state(module)
+    constants = state["constants"]
+    if not 1 <= budget <= constants["max_budget"]:
+        raise ValueError(f"tree-build: budget must be in [1, {constants['max_budget']}], got {budget}")
+    if not 1 <= depth <= constants["max_depth"]:
+        raise ValueError(f"tree-build: K must be in [1, {constants['max_depth']}], got {depth}")
+    if not 1 <= fanout <= constants["max_fanout"]:
+        raise ValueError(f"tree-build: V must be in [1, {constants['max_fanout']}], got {fanout}")
+    if tuple(top_ids.shape) != (groups, depth, fanout):
+        raise ValueError(f"tree-build: top_ids shape {tuple(top_ids.shape)} != top_logp shape {top_logp.shape}")
+    if top_logp.dtype != np.float32 or top_ids.dtype != np.int32:
+        raise ValueError("tree-build: top_logp must be float32 and top_ids int32")
+    if groups == 0:
+        return
+
+    npl, staged, smem = smem_layout(depth, fanout, budget, constants)
+    # Ranks up to B are the most a build can read; the _g variant reads those past Vs from global memory.
+    name = f"{_PREFIX}p{npl}" + ("" if staged >= min(fanout, budget + 1) else "_g")
+    slot = state["functions"].get(name)
+    if slot is None:
+        slot = state["functions"][name] = [module.get_function(name), _DEFAULT_SMEM]
+    function = slot[0]
+    if smem > slot[1]:   # above the default 48 KiB a kernel must opt in (up to 96 KiB here)
+        function.max_dynamic_shared_size_bytes = smem
+        slot[1] = smem
+
+    function(
+        (groups,),
+        (constants["threads"],),
+        (
+            top_logp,
+            top_ids,
+            np.int32(depth),
+            np.int32(fanout),
+            np.int32(budget),
+            np.int32(staged),
+            outputs["n_nodes"],
+            outputs["parent"],
+            outputs["depth"],
+            outputs["token"],
+            outputs["rank"],
+            outputs["logw"],
+            outputs["first_child"],
+            outputs["next_sibling"],
+            outputs["mask"],
+        ),
+        shared_mem=smem,
+    )

@@ -1,0 +1,303 @@
+"""kdt sanitize without a GPU: the command lines it builds, the sanitizer logs it parses (samples written
+as compute-sanitizer prints them), its verdicts and exit codes; one real run on the GPU."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from kdt import sanitize, stages, toolkit
+from tests.test_fuzz import run_kdt
+
+VERIFY_TAIL = "12 passed, 0 failed\n"
+
+MEMCHECK_CLEAN = """========= COMPUTE-SANITIZER
+                         kdt verify topk (golden/topk.h5)
+12 passed, 0 failed
+========= ERROR SUMMARY: 0 errors
+"""
+
+MEMCHECK_OOB = """========= COMPUTE-SANITIZER
+========= Invalid __global__ write of size 4 bytes
+=========     at topk_select_kernel+0x2d0 in /work/main/kernels/topk.cu:212
+=========     by thread (31,0,0) in block (3,0,0)
+=========     Address 0x7f3c2e000a00 is out of bounds
+=========     and is 1 bytes after the nearest allocation at 0x7f3c2e000800 of size 512 bytes
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: [0x2f0b4f] in libcuda.so.1
+=========         Host Frame: [0x15b2e] in libcudart.so.13
+=========
+========= Invalid __global__ write of size 4 bytes
+=========     at topk_select_kernel+0x2d0 in /work/main/kernels/topk.cu:212
+=========     by thread (32,0,0) in block (3,0,0)
+=========     Address 0x7f3c2e000a04 is out of bounds
+=========
+========= Program hit cudaErrorLaunchFailure (error 719) due to "unspecified launch failure" on CUDA API call to cudaStreamSynchronize.
+=========     Saved host backtrace up to driver entry point at error
+=========
+11 passed, 1 failed
+========= ERROR SUMMARY: 3 errors
+"""
+
+RACECHECK_HAZARDS = """========= COMPUTE-SANITIZER
+========= Error: Race reported between Write access at tree_build_kernel+0x4a0 in /work/main/kernels/tree_build.cu:150
+=========     and Read access at tree_build_kernel+0x520 in /work/main/kernels/tree_build.cu:157 [8 hazards]
+=========
+========= Warning: Race reported between Write access at tree_build_kernel+0x600 in /work/main/kernels/tree_build.cu:171
+=========     and Write access at tree_build_kernel+0x600 in /work/main/kernels/tree_build.cu:171 [2 hazards]
+=========
+17 passed, 0 failed
+========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)
+"""
+
+RACECHECK_CLEAN = """========= COMPUTE-SANITIZER
+17 passed, 0 failed
+========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)
+"""
+
+INITCHECK_UNINITIALISED = """========= COMPUTE-SANITIZER
+========= Uninitialized __global__ memory read of size 4 bytes
+=========     at tree_accept_from_logits+0x1b0 in /work/main/kernels/tree_accept.cu:88
+=========     by thread (5,0,0) in block (0,0,0)
+=========     Address 0x7f55a4c00200
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========
+12 passed, 0 failed
+========= ERROR SUMMARY: 1 error
+"""
+
+SYNCCHECK_BARRIER = """========= COMPUTE-SANITIZER
+========= Barrier error detected. Divergent thread(s) in warp
+=========     at verify_attn_kernel+0x9f0 in /work/main/kernels/verify_attn.cu:301
+=========     by thread (1,0,0) in block (0,0,0)
+=========
+========= ERROR SUMMARY: 2048 errors
+========= ERROR SUMMARY: 1948 errors were not printed. Use --print-limit option to adjust the number of printed errors
+6 passed, 0 failed
+"""
+
+GVISOR_UNSUPPORTED = """========= COMPUTE-SANITIZER
+========= Error: Device not supported. Please refer to the "Supported Devices" section of the sanitizer documentation
+========= Program hit cudaErrorUnknown (error 999) due to "unknown error" on CUDA API call to cudaMalloc.
+cannot run here: no usable GPU (CUDARuntimeError: cudaErrorUnknown: unknown error)
+========= ERROR SUMMARY: 1 error
+"""
+
+CRASHED = """========= COMPUTE-SANITIZER
+Fatal Python error: Segmentation fault
+"""
+
+VERIFY_MISMATCH_CLEAN_MEMORY = """========= COMPUTE-SANITIZER
+11 passed, 1 failed
+========= ERROR SUMMARY: 0 errors
+"""
+
+
+def result(log, returncode, tool="memcheck", kernel="topk"):
+    return sanitize.ToolResult(kernel, tool, ["compute-sanitizer"], returncode, log, 1.0, **sanitize.parse(log))
+
+
+def test_parse_memcheck_findings():
+    parsed = sanitize.parse(MEMCHECK_OOB)
+    assert parsed["errors"] == 3 and parsed["hazards"] is None and parsed["verify_summary"] == "11 passed, 1 failed"
+    assert parsed["findings"] == [
+        "Invalid __global__ write of size 4 bytes at topk_select_kernel+0x2d0 in /work/main/kernels/topk.cu:212",
+        "Invalid __global__ write of size 4 bytes at topk_select_kernel+0x2d0 in /work/main/kernels/topk.cu:212",
+        'Program hit cudaErrorLaunchFailure (error 719) due to "unspecified launch failure" on CUDA API call to '
+        "cudaStreamSynchronize."]
+    r = result(MEMCHECK_OOB, sanitize.ERROR_EXITCODE)
+    assert r.status == "findings" and r.finding_count == 3 and r.is_failure
+
+
+def test_parse_racecheck_counts_errors_and_warnings():
+    parsed = sanitize.parse(RACECHECK_HAZARDS)
+    assert (parsed["hazards"], parsed["race_errors"], parsed["race_warnings"]) == (2, 1, 1)
+    assert parsed["errors"] is None
+    assert parsed["findings"][0].startswith("Error: Race reported between Write access at tree_build_kernel+0x4a0")
+    assert parsed["findings"][1].startswith("Warning: Race reported")
+    # a warning alone is a finding too: every kernel must come out clean
+    only_warning = RACECHECK_HAZARDS.replace("2 hazards displayed (1 error, 1 warning)", "1 hazard displayed (0 errors, 1 warning)")
+    assert result(only_warning, 0, "racecheck").status == "findings"
+    assert result(RACECHECK_CLEAN, 0, "racecheck").status == "clean"
+
+
+def test_parse_initcheck_and_synccheck():
+    init = result(INITCHECK_UNINITIALISED, sanitize.ERROR_EXITCODE, "initcheck", "tree-accept")
+    assert init.errors == 1 and init.status == "findings"
+    assert init.findings == ["Uninitialized __global__ memory read of size 4 bytes at tree_accept_from_logits+0x1b0 "
+                             "in /work/main/kernels/tree_accept.cu:88"]
+    sync = result(SYNCCHECK_BARRIER, sanitize.ERROR_EXITCODE, "synccheck", "verify-attn")
+    assert sync.errors == 2048 and sync.finding_count == 2048  # not the "were not printed" line
+    assert sync.findings == ["Barrier error detected. Divergent thread(s) in warp at verify_attn_kernel+0x9f0 in "
+                             "/work/main/kernels/verify_attn.cu:301"]
+
+
+@pytest.mark.parametrize("log, returncode, status, failure", [
+    (MEMCHECK_CLEAN, 0, "clean", False),
+    (MEMCHECK_OOB, 99, "findings", True),
+    (VERIFY_MISMATCH_CLEAN_MEMORY, 1, "verify failed", True),
+    (GVISOR_UNSUPPORTED, 2, "unsupported", False),
+    (CRASHED, -11, "crashed", True),
+    ("========= COMPUTE-SANITIZER\ncannot run here: no GPU\n", 2, "environment", False),
+    (MEMCHECK_CLEAN, None, "timeout", True),
+])
+def test_statuses(log, returncode, status, failure):
+    r = result(log, returncode)
+    assert r.status == status and r.is_failure == failure and r.clean == (status == "clean")
+
+
+def test_exit_codes():
+    clean, found, unsupported = result(MEMCHECK_CLEAN, 0), result(MEMCHECK_OOB, 99), result(GVISOR_UNSUPPORTED, 2)
+    assert sanitize.exit_code([clean, clean]) == 0
+    assert sanitize.exit_code([clean, found, unsupported]) == 1
+    assert sanitize.exit_code([clean, unsupported]) == 2
+
+
+def test_command_lines():
+    line = sanitize.command("/cuda/bin/compute-sanitizer", "tree-build", "memcheck", python="/usr/bin/python3")
+    assert line[:5] == ["/cuda/bin/compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "99"]
+    assert line[5:8] == ["/usr/bin/python3", "-c", sanitize.BOOT]
+    assert line[8:] == ["verify", "tree-build", "--max-diffs", "0"]
+    race = sanitize.command("cs", "topk", "racecheck", case="k1_*")
+    assert race[race.index("--racecheck-report") + 1] == "all" and race[-2:] == ["--case", "k1_*"]
+    for tool in ("initcheck", "synccheck"):
+        assert "--racecheck-report" not in sanitize.command("cs", "topk", tool)
+    with pytest.raises(ValueError, match="tool"):
+        sanitize.command("cs", "topk", "leakcheck")
+    assert "set_allocator(None)" in sanitize.BOOT and "main()" in sanitize.BOOT
+    env = sanitize.child_env({"PYTHONPATH": "/elsewhere"})
+    assert env["PYTHONPATH"].split(":") == [str(sanitize.ROOT), "/elsewhere"]
+
+
+def test_the_boot_code_is_kdt_itself(root):
+    """BOOT runs the kdt command line (here: --help) even where CuPy is missing."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", sanitize.BOOT, "--help"], capture_output=True, text=True,
+                          env=sanitize.child_env(), cwd=root, timeout=120)
+    assert done.returncode == 0 and "verify" in done.stdout
+
+
+def _fake_runner(logs):
+    calls = []
+
+    def run(line, timeout_s, env, cwd):
+        calls.append(line)
+        tool, kernel = line[line.index("--tool") + 1], line[line.index("verify") + 1]
+        return logs[(kernel, tool)]
+
+    return run, calls
+
+
+def test_run_sanitize_runs_every_kernel_under_every_tool_and_keeps_logs(tmp_path):
+    logs = {(k, t): (0, RACECHECK_CLEAN if t == "racecheck" else MEMCHECK_CLEAN)
+            for k in ("topk", "tree-build") for t in sanitize.TOOLS}
+    logs[("tree-build", "racecheck")] = (sanitize.ERROR_EXITCODE, RACECHECK_HAZARDS)
+    runner, calls = _fake_runner(logs)
+    seen = []
+    results = sanitize.run_sanitize(["topk", "tree-build"], sanitizer="cs", runner=runner, keep_logs=tmp_path / "logs",
+                                    on_result=seen.append)
+    assert [(r.kernel, r.tool) for r in results] == [(k, t) for k in ("topk", "tree-build") for t in sanitize.TOOLS]
+    assert len(calls) == 8 and seen == results
+    assert [r.status for r in results if not r.clean] == ["findings"]
+    assert (tmp_path / "logs" / "tree-build.racecheck.log").read_text() == RACECHECK_HAZARDS
+    assert results[5].log_path == tmp_path / "logs" / "tree-build.racecheck.log"
+    assert sanitize.exit_code(results) == 1
+
+
+def test_no_sanitizer_is_an_environment_error(monkeypatch):
+    monkeypatch.setattr(sanitize, "find_sanitizer", lambda: None)
+    with pytest.raises(toolkit.ToolkitMissing, match="compute-sanitizer not found"):
+        sanitize.run_sanitize(["topk"])
+
+
+def _executable(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_find_sanitizer_next_to_nvcc(tmp_path, monkeypatch):
+    nvcc = _executable(tmp_path / "cuda" / "bin" / "nvcc")
+    monkeypatch.setattr(toolkit, "find_nvcc", lambda: toolkit.Nvcc(nvcc, "PATH", "13.0.88"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    # the toolkit's own layout: <root>/compute-sanitizer/compute-sanitizer
+    inner = _executable(tmp_path / "cuda" / "compute-sanitizer" / "compute-sanitizer")
+    found = sanitize.find_sanitizer()
+    assert found == inner or found.name == "compute-sanitizer"  # a system one in /usr/local/cuda may come first
+    beside = _executable(tmp_path / "cuda" / "bin" / "compute-sanitizer")
+    assert sanitize.find_sanitizer() == beside
+
+
+def test_run_process_merges_output_and_kills_on_timeout(tmp_path):
+    code, output = sanitize.run_process([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); "
+                                         "sys.exit(3)"], 60, sanitize.child_env(), tmp_path)
+    assert code == 3 and "out" in output and "err" in output
+    code, output = sanitize.run_process([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"],
+                                        1.0, sanitize.child_env(), tmp_path)
+    assert code is None and "started" in output and "killed after 1 s" in output
+
+
+# --- the command ----------------------------------------------------------------------------------------
+
+def _command_fakes(monkeypatch, logs):
+    from kdt import cli_stress
+
+    monkeypatch.setattr(sanitize, "find_sanitizer", lambda: Path("/cuda/bin/compute-sanitizer"))
+    monkeypatch.setattr(cli_stress, "_preflight", lambda specs: None)
+    runner, calls = _fake_runner(logs)
+    monkeypatch.setattr(sanitize, "run_process", runner)
+    return calls
+
+
+def test_sanitize_command_table_and_exit_1_on_a_finding(monkeypatch, capsys, tmp_path):
+    logs = {("tree-accept", t): (0, RACECHECK_CLEAN if t == "racecheck" else MEMCHECK_CLEAN) for t in sanitize.TOOLS}
+    logs[("tree-accept", "initcheck")] = (sanitize.ERROR_EXITCODE, INITCHECK_UNINITIALISED)
+    calls = _command_fakes(monkeypatch, logs)
+    code, out, err = run_kdt(monkeypatch, capsys, "sanitize", "tree-accept", "--keep-logs", str(tmp_path))
+    assert code == 1, out + err
+    assert len(calls) == 4 and "Traceback" not in err
+    assert "kdt sanitize" in out and "1 finding" in out and "clean" in out
+    assert "Uninitialized __global__ memory read of size 4 bytes" in out and "tree_accept.cu:88" in out
+    assert (tmp_path / "tree-accept.initcheck.log").exists()
+
+
+def test_sanitize_command_clean_and_tool_choice(monkeypatch, capsys):
+    logs = {(k, "memcheck"): (0, MEMCHECK_CLEAN) for k in stages.names()}
+    calls = _command_fakes(monkeypatch, logs)
+    code, out, err = run_kdt(monkeypatch, capsys, "sanitize", "all", "--tool", "memcheck")
+    assert code == 0, out + err
+    assert len(calls) == len(stages.names()) and "clean:" in out
+
+
+def test_sanitize_command_unsupported_device_exits_2(monkeypatch, capsys):
+    calls = _command_fakes(monkeypatch, {("topk", "memcheck"): (2, GVISOR_UNSUPPORTED)})
+    code, out, err = run_kdt(monkeypatch, capsys, "sanitize", "topk", "--tool", "memcheck")
+    assert code == 2 and "could not check" in out and len(calls) == 1
+
+
+def test_sanitize_command_bad_tool_and_missing_sanitizer(monkeypatch, capsys):
+    code, out, err = run_kdt(monkeypatch, capsys, "sanitize", "topk", "--tool", "leakcheck")
+    assert code == 3 and "--tool" in err and "leakcheck" in err
+    monkeypatch.setattr(sanitize, "find_sanitizer", lambda: None)
+    code, out, err = run_kdt(monkeypatch, capsys, "sanitize", "topk")
+    assert code == 2 and "compute-sanitizer not found" in err and "Traceback" not in err
+
+
+# --- on the GPU -----------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", sanitize.TOOLS)
+def test_tree_accept_is_clean_under_the_sanitizer(tool, root):
+    if sanitize.find_sanitizer() is None:
+        pytest.skip("no compute-sanitizer")
+    (r,) = sanitize.run_sanitize(["tree-accept"], [tool], case="k1", cwd=root, timeout_s=600)
+    if r.status in ("unsupported", "environment"):
+        pytest.skip(f"compute-sanitizer cannot run here: {r.log[-500:]}")
+    assert r.clean, f"{r.status}: {r.findings[:5]}\n{r.log[-3000:]}"
