@@ -1,0 +1,725 @@
+// kernels/topk.cu -- `topk` stage: drafter logits [G, K, vocab] -> per-row top-V ids and log-probabilities.
+//
+// Contract (plans/contracts.md, section `topk`):
+//   logits   float32 or bf16 (uint16 raw bits) [R = G*K rows, vocab], vocab <= 262144
+//   top_ids  int32   [R, V]  the V largest logits of the row, descending; equal logits -> smaller id first
+//   top_logp float32 [R, V]  logit - logsumexp(row)
+//   1 <= V <= min(vocab, 1024).  -inf logits are legal (rank last, ties by id, logp = -inf).  The validator
+//   rejects NaN and rows without a finite logit before launch; +inf is assumed rejected too (the float64
+//   reference would give NaN).  -0.0 and +0.0 compare equal (the id decides).
+//
+// Ordering key.  Every logit x maps to the order-preserving uint32 key  f2key(x)  (-0.0 first mapped to +0.0;
+// -inf -> 0x007fffff, so key 0 is below every legal logit and marks an empty slot).  The total order used
+// everywhere is (key desc, id asc); ids are unique, so it is strict.
+//
+// Softmax statistics.  One read of the logits: each thread keeps an online (m, s) with m the running max and
+// s = sum exp(x - m), updated once per group of 16 elements (group max first, rescale s if it grew, then a
+// pairwise tree of the 16 exponentials).  exp(d) for d = x - m <= 0 is  ex2.approx.ftz(d * log2(e)).
+// Error budget (|logp - ref| <= 1e-5 for logits up to ~30): d = fl(x - m) and fl(d*log2e) carry a relative
+// error <= ~1.5*2^-24 of |d|, ex2.approx <= 2 ulp; a term's relative error is <= 2.4e-7 + 9e-8*|d| and the
+// e^d-weighted mean of |d| stays < ~10 for any realistic row, so sum(exp) is off by < 1.2e-6 relative; the
+// pairwise trees keep the serial accumulation chain <= vocab / (threads * 16) adds (<= 64 here).  The result
+// is written as logp = (x - m) - logf(s) (x - m is exact for the top entries; logf is the accurate libm
+// logf), so the total stays around 2e-6.  m starts at -FLT_MAX (not -inf) so that no inf - inf ever occurs.
+//
+// ---------------------------------------------------------------------------------------------------------
+// Fast path, V <= 32: kdt_topk_small_{f32,bf16}_v{1,2,4,8,16,32} (VT = template bound, runtime V <= VT)
+//   launch: grid = R * S blocks (block b -> row b / S, split b % S), 256 threads, 17.5 KB static smem,
+//   __launch_bounds__(256, 3) (sm_90: 64 registers f32, 80 bf16; no spills).
+//   Each block owns the columns [split*chunk, min(vocab, (split+1)*chunk)) of its row (chunk from the
+//   launcher, a multiple of 64).  The body of the range is read with 16-byte loads (float4 / 8 x bf16), U=4
+//   loads in flight per thread, coalesced across the block (vector index = (step*U + u)*256 + tid); the
+//   unaligned head and the tail (< 16 bytes each, e.g. odd vocab) are read as scalars by lanes of warp 0.
+//   Selection: each warp keeps its exact top-VT list distributed over lanes 0..VT-1 (lane j holds entry j,
+//   sorted) and a warp-uniform threshold (entry VT-1).  A group of loads is skipped after one float compare
+//   of its maximum against the threshold (vote.any); only elements that beat it are inserted, one at a time
+//   and warp-wide (ballot rank + shfl.up shift), in any order -- the comparison carries the id, so the scan
+//   order does not matter.  While the list is not yet full the gate is a bound computed once per warp from
+//   its first loads: the VT-th largest of the 32 lane maxima (a warp bitonic sort); VT distinct elements are
+//   >= it, so nothing below it can reach the top VT.  This keeps the warm-up to ~VT + a few insertions.
+//   Merge: the 8 warp lists -> block top-VT by rank (each entry's rank = its index + a binary search in each
+//   other sorted list; equal keys only occur for empty slots, ordered by list index), ditto for (m, s).
+//   S == 1: the block writes the outputs.  S > 1: the block writes its top-VT and (m, s) to the workspace,
+//   __threadfence, then one atomicAdd on the row counter; the block that sees S-1 is the last: it reads the
+//   S partial lists (ld.cg), rank-merges them, combines the statistics, writes the outputs and zeroes the
+//   row's partials and counter (the workspace is left all zero: graph-replayable, one launch).
+//   Workspace (S > 1): u32 counter[R] | float2 stats[R][S] | uint2 (key,id) cand[R][S][VT], each part padded
+//   to 256 bytes (kdt/launch/topk.py: workspace_nbytes).  Limits: S <= 128, S*VT <= 2048, vocab <= 2^18.
+//   Memory traffic: the logits once (R*vocab*4 or *2 bytes) + R*V*8 bytes of outputs + S*R*(8 + 8*VT)*2
+//   bytes of partials (negligible).
+//
+// General path, any V <= 1024: kdt_topk_general_{f32,bf16}
+//   launch: grid = R blocks, 1024 threads, 16.4 KB static smem, no workspace.
+//   Exact radix select on the 50-bit composite  c = key << 18 | (2^18 - 1 - id)  (larger c = better; unique)
+//   with 11-bit digits over shared-memory histograms: pass 1 also computes (m, s); each later pass
+//   histograms the next digit of the elements that share the prefix chosen so far and stops as soon as the
+//   chosen bin holds exactly the number still needed (usually after 1-3 passes; at most 5).  Then one gather
+//   pass collects the exactly V elements whose prefix is >= the selected prefix, a block bitonic sort by c
+//   (desc) orders them, and the outputs are written.  Scalar, coalesced loads (no alignment requirement).
+//   Memory traffic: (2 + number of refining passes) reads of the row, mostly from L2 for one row; it is a
+//   correct path, not a fast one.
+// ---------------------------------------------------------------------------------------------------------
+
+#include <stdint.h>
+#include <float.h>
+
+namespace {
+
+constexpr unsigned FULL = 0xffffffffu;
+constexpr int SMALL_THREADS = 256;
+constexpr int SMALL_WARPS = SMALL_THREADS / 32;
+constexpr int SMALL_U = 4;          // 16-byte loads in flight per thread and step
+constexpr int SMALL_MAX_V = 32;
+constexpr int MAX_SPLITS = 128;
+constexpr int MERGE_CAP = 2048;     // S * VT <= MERGE_CAP (shared-memory merge buffer)
+constexpr int GEN_THREADS = 1024;
+constexpr int GEN_WARPS = GEN_THREADS / 32;
+constexpr int GEN_U = 4;
+constexpr int GEN_BINS = 2048;
+constexpr int MAX_V = 1024;
+constexpr int MAX_VOCAB = 1 << 18;
+constexpr int ID_BITS = 18;
+constexpr int COMP_BITS = 32 + ID_BITS;
+constexpr uint32_t ID_MASK = (1u << ID_BITS) - 1u;
+constexpr float LOG2E = 1.4426950408889634f;
+
+static_assert(SMALL_MAX_V <= 32, "warp-distributed list needs VT <= 32");
+static_assert(GEN_BINS % GEN_THREADS == 0, "bins per thread");
+static_assert(MAX_V <= GEN_THREADS * 2, "bitonic sort: one pair per thread and pass loop");
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float qnan() { return __int_as_float(0x7fffffff); }
+
+// 2^x, MUFU.EX2 (max rel. error 2 ulp; 2^-inf = +0).
+__device__ __forceinline__ float ex2(float x) {
+#if defined(__CUDA_ARCH__)
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);   // host compilation of this file (logic tests with a warp emulator)
+#endif
+}
+
+// Order-preserving float -> uint32 (larger float -> larger key), -0.0 mapped to +0.0 first.
+__device__ __forceinline__ uint32_t f2key(float x) {
+    const uint32_t u = __float_as_uint(__fadd_rn(x, 0.0f));     // -0 + +0 = +0 (round to nearest)
+    return u ^ ((uint32_t)((int32_t)u >> 31) | 0x80000000u);
+}
+__device__ __forceinline__ float key2f(uint32_t k) {
+    return __uint_as_float((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k);
+}
+// (ka, ia) strictly before (kb, ib) in (key desc, id asc).
+__device__ __forceinline__ bool better(uint32_t ka, uint32_t ia, uint32_t kb, uint32_t ib) {
+    return ka > kb || (ka == kb && ia < ib);
+}
+
+// (m, s) <- (m, s) (+) (om, os), both meaning s * exp(. - m); m finite (>= -FLT_MAX) so no inf - inf.
+__device__ __forceinline__ void stat_merge(float& m, float& s, float om, float os) {
+    const float M = fmaxf(m, om);
+    s = s * ex2((m - M) * LOG2E) + os * ex2((om - M) * LOG2E);
+    m = M;
+}
+
+template <int N>
+__device__ __forceinline__ float tree_sum(float (&a)[N]) {
+#pragma unroll
+    for (int w = 1; w < N; w <<= 1) {
+#pragma unroll
+        for (int i = 0; i + w < N; i += 2 * w) a[i] += a[i + w];
+    }
+    return a[0];
+}
+
+// ---- element types ------------------------------------------------------------------------------------
+template <typename Tin> struct Elem;
+template <> struct Elem<float> {
+    using Vec = float4;
+    static constexpr int W = 4;
+    __device__ static __forceinline__ Vec ninf_vec() {
+        const float n = neg_inf();
+        return make_float4(n, n, n, n);
+    }
+    __device__ static __forceinline__ void unpack(const Vec& v, float (&x)[W]) {
+        x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
+    }
+    __device__ static __forceinline__ float load1(const float* p) { return __ldg(p); }
+};
+template <> struct Elem<uint16_t> {
+    using Vec = uint4;
+    static constexpr int W = 8;
+    __device__ static __forceinline__ Vec ninf_vec() { return make_uint4(0xff80ff80u, 0xff80ff80u, 0xff80ff80u, 0xff80ff80u); }
+    __device__ static __forceinline__ void unpack(const Vec& v, float (&x)[W]) {
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {      // little endian: element 2i in the low half
+            x[2 * i] = __uint_as_float(w[i] << 16);
+            x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+    }
+    __device__ static __forceinline__ float load1(const uint16_t* p) {
+        return __uint_as_float((uint32_t)__ldg(reinterpret_cast<const unsigned short*>(p)) << 16);
+    }
+};
+
+// ---- warp-distributed exact top-VT list ---------------------------------------------------------------
+template <int VT>
+struct WarpTop {
+    uint32_t lk, li;     // this lane's entry (lanes < VT); empty = (0, ~0)
+    uint32_t tk, ti;     // entry VT-1 (warp-uniform): the threshold
+    float gate;          // float pre-filter: x < gate cannot enter (NaN: everything may)
+    float bound;         // gate while the list is not full
+
+    __device__ __forceinline__ void init() { lk = 0u; li = ~0u; tk = 0u; ti = ~0u; gate = qnan(); bound = qnan(); }
+
+    // Warp-uniform: insert (ck, ci), known to beat entry VT-1.
+    __device__ __forceinline__ void insert(uint32_t ck, uint32_t ci, int lane) {
+        const bool eb = (lane < VT) && better(lk, li, ck, ci);
+        const int pos = __popc(__ballot_sync(FULL, eb));
+        const uint32_t uk = __shfl_up_sync(FULL, lk, 1);
+        const uint32_t ui = __shfl_up_sync(FULL, li, 1);
+        if (lane < VT) {
+            if (lane == pos) { lk = ck; li = ci; }
+            else if (lane > pos) { lk = uk; li = ui; }
+        }
+        tk = __shfl_sync(FULL, lk, VT - 1);
+        ti = __shfl_sync(FULL, li, VT - 1);
+        gate = tk ? key2f(tk) : bound;
+    }
+
+    // Warp-uniform: every lane offers at most one element (x, id) (offer = false: none).
+    __device__ __forceinline__ void offer(float x, uint32_t id, bool offer, int lane) {
+        const uint32_t k = f2key(x);
+        bool c = offer && !(x < gate) && better(k, id, tk, ti);
+        uint32_t bal = __ballot_sync(FULL, c);
+        while (bal) {
+            const int src = __ffs(bal) - 1;
+            const uint32_t ck = __shfl_sync(FULL, k, src);
+            const uint32_t ci = __shfl_sync(FULL, id, src);
+            insert(ck, ci, lane);
+            c = c && (lane != src) && better(k, id, tk, ti);
+            bal = __ballot_sync(FULL, c);
+        }
+    }
+};
+
+// One group of NV vectors of VW elements per lane: online softmax statistics + top-VT selection.
+// Invalid vectors hold -inf (harmless for (m, s)) and are excluded from selection by valid[].
+template <int VT, int NV, int VW>
+__device__ __forceinline__ void process_group(float (&x)[NV][VW], const bool (&valid)[NV], const uint32_t (&base)[NV],
+                                              float& m, float& s, WarpTop<VT>& top, int lane) {
+    float vm[NV];
+#pragma unroll
+    for (int u = 0; u < NV; ++u) {
+        vm[u] = x[u][0];
+#pragma unroll
+        for (int e = 1; e < VW; ++e) vm[u] = fmaxf(vm[u], x[u][e]);
+    }
+    float gm = vm[0];
+#pragma unroll
+    for (int u = 1; u < NV; ++u) gm = fmaxf(gm, vm[u]);
+    if (gm > m) {
+        s *= ex2((m - gm) * LOG2E);
+        m = gm;
+    }
+    float ev[NV * VW];
+#pragma unroll
+    for (int u = 0; u < NV; ++u) {
+#pragma unroll
+        for (int e = 0; e < VW; ++e) ev[u * VW + e] = ex2((x[u][e] - m) * LOG2E);
+    }
+    s += tree_sum(ev);
+
+    bool hot_any = false;
+#pragma unroll
+    for (int u = 0; u < NV; ++u) hot_any |= valid[u] && !(vm[u] < top.gate);
+    if (__any_sync(FULL, hot_any)) {
+#pragma unroll
+        for (int u = 0; u < NV; ++u) {
+            const bool hot = valid[u] && !(vm[u] < top.gate);
+            if (__any_sync(FULL, hot)) {
+#pragma unroll
+                for (int e = 0; e < VW; ++e) top.offer(x[u][e], base[u] + (uint32_t)e, hot, lane);
+            }
+        }
+    }
+}
+
+// Top-VT of L sorted lists (lists[l*VT .. l*VT+VT-1], best first, empty slots (0, ~0) last) -> ok/oi[0..VT).
+// Rank of entry (l, i) = i + sum over other lists of the entries placed before it; equal entries (only empty
+// slots) are ordered by list index, so the ranks are a permutation and every output slot is written.
+template <int VT>
+__device__ __forceinline__ void rank_merge(const uint32_t* lk, const uint32_t* li, int L, uint32_t* ok, uint32_t* oi,
+                                           int tid, int nthreads) {
+    for (int e = tid; e < L * VT; e += nthreads) {
+        const int l = e / VT;
+        const int i = e - l * VT;
+        const uint32_t ck = lk[e], ci = li[e];
+        int rank = i;
+        for (int l2 = 0; l2 < L && rank < VT; ++l2) {
+            if (l2 == l) continue;
+            const uint32_t* bk = lk + l2 * VT;
+            const uint32_t* bi = li + l2 * VT;
+            const bool tie_first = l2 < l;
+            int pos = 0;
+#pragma unroll
+            for (int st = VT / 2; st > 0; st >>= 1) {
+                const int j = pos + st - 1;
+                if (better(bk[j], bi[j], ck, ci) || (tie_first && bk[j] == ck && bi[j] == ci)) pos += st;
+            }
+            if (better(bk[pos], bi[pos], ck, ci) || (tie_first && bk[pos] == ck && bi[pos] == ci)) ++pos;
+            rank += pos;
+        }
+        if (rank < VT) {
+            ok[rank] = ck;
+            oi[rank] = ci;
+        }
+    }
+}
+
+__device__ __forceinline__ size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+// ---- fast path ------------------------------------------------------------------------------------------
+template <typename Tin, int VT>
+__device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* __restrict__ top_ids,
+                                           float* __restrict__ top_logp, unsigned char* __restrict__ ws,
+                                           int vocab, int V, int chunk, int S) {
+    using E = Elem<Tin>;
+    using Vec = typename E::Vec;
+    constexpr int VW = E::W;
+    constexpr int U = SMALL_U;
+    constexpr int T = SMALL_THREADS;
+
+    __shared__ uint32_t s_k[MERGE_CAP];
+    __shared__ uint32_t s_i[MERGE_CAP];
+    __shared__ float s_m[MAX_SPLITS];
+    __shared__ float s_s[MAX_SPLITS];
+    __shared__ uint32_t s_tk[VT];
+    __shared__ uint32_t s_ti[VT];
+    __shared__ float s_stat[2];
+    __shared__ int s_last;
+
+    if (V < 1 || V > VT || S < 1 || S > MAX_SPLITS || S * VT > MERGE_CAP) return;   // launcher bug guard
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int row = (int)(blockIdx.x / (unsigned)S);
+    const int split = (int)blockIdx.x - row * S;
+    const int lo = min(split * chunk, vocab);
+    const int hi = min(lo + chunk, vocab);
+    const Tin* rp = logits + (size_t)row * (size_t)vocab;
+
+    // aligned body [a0, a1) of whole 16-byte vectors; head [lo, a0) and tail [a1, hi) are < VW elements each
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(rp + lo);
+    const int mis = (int)(((16u - (uint32_t)(addr & 15u)) & 15u) / (uint32_t)sizeof(Tin));
+    const int a0 = min(lo + mis, hi);
+    const int nv = (hi - a0) / VW;
+    const int a1 = a0 + nv * VW;
+    const int nhead = a0 - lo;
+    const int nht = nhead + (hi - a1);
+    const Vec* vp = reinterpret_cast<const Vec*>(rp + a0);
+    const int nsteps = (nv + T * U - 1) / (T * U);
+
+    float m = -FLT_MAX, s = 0.0f;
+    WarpTop<VT> top;
+    top.init();
+
+    float x[U][VW];
+    bool valid[U];
+    uint32_t base[U];
+    auto load_step = [&](int step) {
+        Vec v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int vi = (step * U + u) * T + tid;
+            valid[u] = vi < nv;
+            base[u] = (uint32_t)(a0 + vi * VW);
+            v[u] = E::ninf_vec();
+            if (valid[u]) v[u] = __ldcs(vp + vi);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) E::unpack(v[u], x[u]);
+    };
+
+    // ---- warm-up: first loads + head/tail, then the per-warp bound
+    load_step(0);
+    float hx[1][1] = {{neg_inf()}};
+    const bool hv[1] = {warp == 0 && lane < nht};
+    const uint32_t hb[1] = {(uint32_t)(lane < nhead ? lo + lane : a1 + (lane - nhead))};
+    if (hv[0]) hx[0][0] = E::load1(rp + hb[0]);
+    {
+        float lm = hx[0][0];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int e = 0; e < VW; ++e) lm = fmaxf(lm, x[u][e]);
+        }
+        uint32_t v = (hv[0] || valid[0]) ? f2key(lm) : 0u;   // 0: lane holds no element
+#pragma unroll
+        for (int k = 2; k <= 32; k <<= 1) {                   // bitonic sort, descending over lanes
+#pragma unroll
+            for (int j = k >> 1; j > 0; j >>= 1) {
+                const uint32_t o = __shfl_xor_sync(FULL, v, j);
+                const bool desc = (lane & k) == 0;
+                const bool low = (lane & j) == 0;
+                v = (low == desc) ? max(v, o) : min(v, o);
+            }
+        }
+        const uint32_t bk = __shfl_sync(FULL, v, VT - 1);
+        top.bound = bk ? key2f(bk) : qnan();
+        top.gate = top.bound;
+    }
+    process_group<VT, 1, 1>(hx, hv, hb, m, s, top, lane);
+    process_group<VT, U, VW>(x, valid, base, m, s, top, lane);
+    for (int step = 1; step < nsteps; ++step) {
+        load_step(step);
+        process_group<VT, U, VW>(x, valid, base, m, s, top, lane);
+    }
+
+    // ---- block merge
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float om = __shfl_xor_sync(FULL, m, off);
+        const float os = __shfl_xor_sync(FULL, s, off);
+        stat_merge(m, s, om, os);
+    }
+    if (lane == 0) { s_m[warp] = m; s_s[warp] = s; }
+    if (lane < VT) { s_k[warp * VT + lane] = top.lk; s_i[warp * VT + lane] = top.li; }
+    __syncthreads();
+    rank_merge<VT>(s_k, s_i, SMALL_WARPS, s_tk, s_ti, tid, T);
+    if (warp == 0) {
+        float bm = lane < SMALL_WARPS ? s_m[lane] : -FLT_MAX;
+        float bs = lane < SMALL_WARPS ? s_s[lane] : 0.0f;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const float om = __shfl_xor_sync(FULL, bm, off);
+            const float os = __shfl_xor_sync(FULL, bs, off);
+            stat_merge(bm, bs, om, os);
+        }
+        if (lane == 0) { s_stat[0] = bm; s_stat[1] = bs; }
+    }
+    __syncthreads();
+
+    if (S > 1) {
+        const int R = (int)(gridDim.x / (unsigned)S);
+        uint32_t* cnt = reinterpret_cast<uint32_t*>(ws);
+        float2* pst = reinterpret_cast<float2*>(ws + align256((size_t)R * 4));
+        uint2* pcd = reinterpret_cast<uint2*>(ws + align256((size_t)R * 4) + align256((size_t)R * S * 8));
+        const size_t pidx = (size_t)row * S + split;
+        if (tid < VT) pcd[pidx * VT + tid] = make_uint2(s_tk[tid], s_ti[tid]);
+        if (tid == 0) pst[pidx] = make_float2(s_stat[0], s_stat[1]);
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) s_last = (atomicAdd(&cnt[row], 1u) == (uint32_t)(S - 1));
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();
+        uint2* rc = pcd + (size_t)row * S * VT;
+        float2* rs = pst + (size_t)row * S;
+        for (int e = tid; e < S * VT; e += T) {
+            const uint2 c = __ldcg(rc + e);
+            s_k[e] = c.x;
+            s_i[e] = c.y;
+            rc[e] = make_uint2(0u, 0u);
+        }
+        for (int e = tid; e < S; e += T) {
+            const float2 c = __ldcg(rs + e);
+            s_m[e] = c.x;
+            s_s[e] = c.y;
+            rs[e] = make_float2(0.0f, 0.0f);
+        }
+        __syncthreads();
+        rank_merge<VT>(s_k, s_i, S, s_tk, s_ti, tid, T);
+        if (warp == 0) {
+            float bm = -FLT_MAX, bs = 0.0f;
+            for (int e = lane; e < S; e += 32) stat_merge(bm, bs, s_m[e], s_s[e]);
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {
+                const float om = __shfl_xor_sync(FULL, bm, off);
+                const float os = __shfl_xor_sync(FULL, bs, off);
+                stat_merge(bm, bs, om, os);
+            }
+            if (lane == 0) { s_stat[0] = bm; s_stat[1] = bs; cnt[row] = 0u; }
+        }
+        __syncthreads();
+    }
+
+    if (tid < V) {
+        const float lsum = logf(s_stat[1]);
+        const size_t o = (size_t)row * V + tid;
+        top_ids[o] = (int)s_ti[tid];
+        top_logp[o] = (key2f(s_tk[tid]) - s_stat[0]) - lsum;
+    }
+}
+
+// ---- general path ---------------------------------------------------------------------------------------
+__device__ __forceinline__ unsigned long long comp(float x, int id) {
+    return ((unsigned long long)f2key(x) << ID_BITS) | (unsigned long long)(ID_MASK - (uint32_t)id);
+}
+
+// Warp-uniform shared-memory histogram increment, aggregated over lanes hitting the same bin (real logits
+// crowd into a few top-bit bins; plain atomics would serialise 32-way).
+__device__ __forceinline__ void warp_hist_add(uint32_t* hist, uint32_t bin, bool ok, int lane) {
+    if (!__any_sync(FULL, ok)) return;
+    const uint32_t peers = __match_any_sync(FULL, ok ? bin : 0xffffffffu);
+    if (ok && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (uint32_t)__popc(peers));
+}
+
+// Exclusive prefix sum over the block in thread order (GEN_THREADS threads).
+__device__ __forceinline__ uint32_t block_excl_scan(uint32_t v, uint32_t* s_w, int lane, int warp) {
+    uint32_t inc = v;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const uint32_t n = __shfl_up_sync(FULL, inc, off);
+        if (lane >= off) inc += n;
+    }
+    if (lane == 31) s_w[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+        uint32_t t = lane < GEN_WARPS ? s_w[lane] : 0u;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const uint32_t n = __shfl_up_sync(FULL, t, off);
+            if (lane >= off) t += n;
+        }
+        if (lane < GEN_WARPS) s_w[lane] = t;
+    }
+    __syncthreads();
+    const uint32_t r = (warp ? s_w[warp - 1] : 0u) + inc - v;
+    __syncthreads();
+    return r;
+}
+
+template <typename Tin>
+__device__ __forceinline__ void general_impl(const Tin* __restrict__ logits, int* __restrict__ top_ids,
+                                             float* __restrict__ top_logp, int vocab, int V) {
+    using E = Elem<Tin>;
+    constexpr int T = GEN_THREADS;
+    constexpr int U = GEN_U;
+    constexpr int BPT = GEN_BINS / T;
+
+    __shared__ uint32_t hist[GEN_BINS];
+    __shared__ unsigned long long cand[MAX_V];
+    __shared__ uint32_t s_w[GEN_WARPS];
+    __shared__ float s_m[GEN_WARPS];
+    __shared__ float s_s[GEN_WARPS];
+    __shared__ float s_stat[2];
+    __shared__ uint32_t s_digit, s_above, s_cnt;
+
+    if (V < 1 || V > MAX_V || V > vocab || vocab > MAX_VOCAB) return;   // launcher bug guard
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int row = blockIdx.x;
+    const Tin* rp = logits + (size_t)row * (size_t)vocab;
+
+    // f(x, id, ok) on every slot of the row, called warp-uniformly (ok = false past the end of the row);
+    // U coalesced scalar loads in flight per thread
+    auto for_each = [&](auto&& f) {
+        for (int b = 0; b < vocab; b += T * U) {
+            float x[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int j = b + u * T + tid;
+                x[u] = j < vocab ? E::load1(rp + j) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int j = b + u * T + tid;
+                f(x[u], j, j < vocab);
+            }
+        }
+    };
+
+    for (int i = tid; i < GEN_BINS; i += T) hist[i] = 0u;
+    __syncthreads();
+
+    // pass 1: softmax statistics + histogram of the top 11 bits (= key >> 21)
+    float m = -FLT_MAX, s = 0.0f;
+    for (int b = 0; b < vocab; b += T * U) {
+        float x[U];
+        bool ok[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int j = b + u * T + tid;
+            ok[u] = j < vocab;
+            x[u] = ok[u] ? E::load1(rp + j) : neg_inf();
+        }
+        float gm = x[0];
+#pragma unroll
+        for (int u = 1; u < U; ++u) gm = fmaxf(gm, x[u]);
+        if (gm > m) {
+            s *= ex2((m - gm) * LOG2E);
+            m = gm;
+        }
+        float ev[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) ev[u] = ex2((x[u] - m) * LOG2E);
+        s += tree_sum(ev);
+#pragma unroll
+        for (int u = 0; u < U; ++u) warp_hist_add(hist, f2key(x[u]) >> 21, ok[u], lane);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float om = __shfl_xor_sync(FULL, m, off);
+        const float os = __shfl_xor_sync(FULL, s, off);
+        stat_merge(m, s, om, os);
+    }
+    if (lane == 0) { s_m[warp] = m; s_s[warp] = s; }
+    __syncthreads();
+    if (warp == 0) {
+        float bm = lane < GEN_WARPS ? s_m[lane] : -FLT_MAX;
+        float bs = lane < GEN_WARPS ? s_s[lane] : 0.0f;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const float om = __shfl_xor_sync(FULL, bm, off);
+            const float os = __shfl_xor_sync(FULL, bs, off);
+            stat_merge(bm, bs, om, os);
+        }
+        if (lane == 0) { s_stat[0] = bm; s_stat[1] = bs; }
+    }
+    // (the __syncthreads inside block_excl_scan orders s_stat and hist)
+
+    // radix select on the composite: nb bits fixed (= prefix P), `need` still wanted among its elements
+    uint32_t need = (uint32_t)V;
+    unsigned long long P = 0ull;
+    int nb = 0;
+    int w = 11;
+    for (;;) {
+        const int nbins = 1 << w;
+        uint32_t c = 0u;
+#pragma unroll
+        for (int q = 0; q < BPT; ++q) {
+            const int idx = tid * BPT + q;
+            if (idx < nbins) c += hist[nbins - 1 - idx];
+        }
+        const uint32_t ex = block_excl_scan(c, s_w, lane, warp);
+        if (ex < need && need <= ex + c) {   // exactly one thread
+            uint32_t run = ex;
+#pragma unroll
+            for (int q = 0; q < BPT; ++q) {
+                const int idx = tid * BPT + q;
+                if (idx < nbins) {
+                    const uint32_t h = hist[nbins - 1 - idx];
+                    if (run + h >= need) {
+                        s_digit = (uint32_t)(nbins - 1 - idx);
+                        s_above = run;
+                        break;
+                    }
+                    run += h;
+                }
+            }
+        }
+        __syncthreads();
+        const uint32_t d = s_digit;
+        const uint32_t hd = hist[d];
+        need -= s_above;
+        P = (P << w) | d;
+        nb += w;
+        __syncthreads();
+        for (int i = tid; i < GEN_BINS; i += T) hist[i] = 0u;
+        __syncthreads();
+        if (hd == need) break;          // every element with this prefix is taken (always true at nb = 50)
+        w = min(11, COMP_BITS - nb);
+        const int shp = COMP_BITS - nb, shd = COMP_BITS - nb - w;
+        const uint32_t mask = (1u << w) - 1u;
+        const unsigned long long Pc = P;
+        for_each([&](float x, int j, bool ok) {
+            const unsigned long long cc = comp(x, j);
+            warp_hist_add(hist, (uint32_t)(cc >> shd) & mask, ok && (cc >> shp) == Pc, lane);
+        });
+        __syncthreads();
+    }
+
+    // gather exactly V elements: prefix >= P
+    if (tid == 0) s_cnt = 0u;
+    __syncthreads();
+    {
+        const int shp = COMP_BITS - nb;
+        const unsigned long long Pc = P;
+        for_each([&](float x, int j, bool ok) {
+            const unsigned long long cc = comp(x, j);
+            const bool sel = ok && (cc >> shp) >= Pc;
+            const uint32_t bal = __ballot_sync(FULL, sel);
+            if (bal) {
+                uint32_t b0 = 0u;
+                if (lane == __ffs(bal) - 1) b0 = atomicAdd(&s_cnt, (uint32_t)__popc(bal));
+                b0 = __shfl_sync(FULL, b0, __ffs(bal) - 1);
+                const uint32_t slot = b0 + (uint32_t)__popc(bal & ((1u << lane) - 1u));
+                if (sel && slot < (uint32_t)MAX_V) cand[slot] = cc;
+            }
+        });
+    }
+    __syncthreads();
+    int p2 = 1;
+    while (p2 < V) p2 <<= 1;
+    for (int i = V + tid; i < p2; i += T) cand[i] = 0ull;
+    __syncthreads();
+    // bitonic sort, descending
+    for (int k = 2; k <= p2; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int t = tid; t < (p2 >> 1); t += T) {
+                const int i = (t / j) * 2 * j + (t % j);
+                const int pj = i + j;
+                const bool desc = (i & k) == 0;
+                const unsigned long long a = cand[i], bb = cand[pj];
+                if ((a < bb) == desc) { cand[i] = bb; cand[pj] = a; }
+            }
+            __syncthreads();
+        }
+    }
+    const float bm = s_stat[0];
+    const float lsum = logf(s_stat[1]);
+    for (int r = tid; r < V; r += T) {
+        const unsigned long long cc = cand[r];
+        const size_t o = (size_t)row * V + r;
+        top_ids[o] = (int)(ID_MASK - (uint32_t)(cc & ID_MASK));
+        top_logp[o] = (key2f((uint32_t)(cc >> ID_BITS)) - bm) - lsum;
+    }
+}
+
+}  // namespace
+
+// ---- exported launch constants (read by kdt/launch/topk.py through module.get_global) ------------------
+extern "C" __constant__ int kdt_topk_small_threads = SMALL_THREADS;
+extern "C" __constant__ int kdt_topk_small_max_v = SMALL_MAX_V;
+extern "C" __constant__ int kdt_topk_max_splits = MAX_SPLITS;
+extern "C" __constant__ int kdt_topk_merge_cap = MERGE_CAP;
+extern "C" __constant__ int kdt_topk_general_threads = GEN_THREADS;
+extern "C" __constant__ int kdt_topk_max_v = MAX_V;
+extern "C" __constant__ int kdt_topk_max_vocab = MAX_VOCAB;
+
+// ---- entry points ---------------------------------------------------------------------------------------
+#define KDT_TOPK_SMALL(DT, TIN, VT)                                                                         \
+    extern "C" __global__ void __launch_bounds__(SMALL_THREADS, 3) kdt_topk_small_##DT##_v##VT(          \
+        const TIN* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp,          \
+        unsigned char* __restrict__ ws, int vocab, int V, int chunk, int S) {                            \
+        small_impl<TIN, VT>(logits, top_ids, top_logp, ws, vocab, V, chunk, S);                           \
+    }
+
+KDT_TOPK_SMALL(f32, float, 1)
+KDT_TOPK_SMALL(f32, float, 2)
+KDT_TOPK_SMALL(f32, float, 4)
+KDT_TOPK_SMALL(f32, float, 8)
+KDT_TOPK_SMALL(f32, float, 16)
+KDT_TOPK_SMALL(f32, float, 32)
+KDT_TOPK_SMALL(bf16, uint16_t, 1)
+KDT_TOPK_SMALL(bf16, uint16_t, 2)
+KDT_TOPK_SMALL(bf16, uint16_t, 4)
+KDT_TOPK_SMALL(bf16, uint16_t, 8)
+KDT_TOPK_SMALL(bf16, uint16_t, 16)
+KDT_TOPK_SMALL(bf16, uint16_t, 32)
+
+extern "C" __global__ void __launch_bounds__(GEN_THREADS, 1)
+kdt_topk_general_f32(const float* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp,
+                     int vocab, int V) {
+    general_impl<float>(logits, top_ids, top_logp, vocab, V);
+}
+
+extern "C" __global__ void __launch_bounds__(GEN_THREADS, 1)
+kdt_topk_general_bf16(const uint16_t* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp,
+                      int vocab, int V) {
+    general_impl<uint16_t>(logits, top_ids, top_logp, vocab, V);
+}

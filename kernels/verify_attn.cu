@@ -1,0 +1,719 @@
+// verify-attn: MLA (absorbed) tree-verify attention over a paged prefix and the tree's own keys.
+//
+// Contract (plans/contracts.md, `verify-attn`)
+//   q bf16 [G,N,H,Dqk], kv_cache bf16 [pages,64,Dqk], block_table int32 [G,max_pages], prefix_len int32 [G],
+//   kv_tree bf16 [G,N,Dqk], mask uint32 [G,N,W] (W = ceil(N/32)), n_nodes int32 [G].
+//   For slot i <= n_nodes[g] and head h: scores = softmax_scale * q[g,i,h] . key over prefix tokens
+//   t < prefix_len[g] (page block_table[g, t/64], row t%64) and over tree slots j with bit j of mask[g,i]
+//   set; value = first Dv columns of the key row. out [G,N,H,Dv] (float32 or bf16 bits) = softmax @ V,
+//   lse float32 [G,N,H] = natural-log logsumexp of the scaled scores. Slots i > n_nodes: out 0, lse -inf.
+//
+// Limits
+//   Dqk = 576 and Dv = 512 only (kdt_verify_attn_dqk / kdt_verify_attn_dv; the launcher rejects others).
+//   Page size 64. N*H <= 2^31/64 rows per request, G <= 65535 (grid y), any prefix the block table holds.
+//   A row with no admissible key (empty prefix and no mask bit) gets out 0, lse -inf, like the reference.
+//
+// Algorithm (one CTA = 256 threads = 8 warps, mma.sync m16n8k16 bf16 -> f32, online softmax in fp32)
+//   The H*N query rows of request g are numbered r = i*H + h (exactly the memory order of q / out / lse),
+//   and a CTA owns ROWS = 64 consecutive rows: MLA has one latent KV head, so all 64 rows (slots x heads)
+//   share every key and the CTA streams the request's keys once for all of them, in tiles of KV_T tokens:
+//   first the prefix (KV_T divides the page: a tile is one contiguous piece of one page), then the tree
+//   (kv_tree[g], N slots, each row's mask bits applied as -inf). Q (64 x 576) stays in smem. Per tile k:
+//     B0   cp.async.wait_group 0 + __syncthreads: tile k is in smem and every warp is past tile k-1, so tile
+//          k+1 is prefetched into the other buffer (cp.async 16 B, zero-fill past the prefix / past N; the
+//          block_table entry was read one tile ahead). sm_120: one buffer, load then compute.
+//     S    S = Q K^T (64 x KV_T) by ldmatrix from XOR-swizzled smem (16-byte chunk c of a 1152-byte row r at
+//          c ^ (r & 7): the 8 rows of an 8x8 ldmatrix hit 8 different bank groups).
+//          sm_90 (KV_T = 64, "split-D"): warp w = 4*dh + 2*rg + cg computes rows 32rg..+32 x keys 32cg..+32
+//          over the k16 steps 2j + dh (half of Dqk): 2 + 2 ldmatrix.x4 per 8 mma. Warps w and w^4 add their
+//          partials through 2 KB of the P buffer (two 64-thread named barriers); afterwards warp w owns rows
+//          32rg + 16dh..+16 x keys 32cg..+32 (16 rows x 32 keys, the layout the softmax below expects).
+//          sm_120 (KV_T = 16): warp w computes rows 16(w/2)..+16 x keys 8(w%2)..+8 over all of Dqk.
+//     max  s *= softmax_scale*log2(e); masked -> -inf; row max per warp -> smem; B1 (__syncthreads on sm_90,
+//          a 64-thread named barrier on sm_120); both warps owning a row take the same new running max m.
+//     P    p = exp2(s - m), P (bf16) -> smem, alpha = exp2(m_old - m) -> smem; each warp keeps a partial row
+//          sum over its own keys (same m in both warps, so the partials add at the end).
+//     B2   __syncthreads.
+//     PV   warp w owns value columns 64w..+64 for all 64 rows: O (64 x 64 fp32 per warp = 128 registers per
+//          thread) *= alpha (skipped by a warp vote when alpha == 1), O += P V with P by ldmatrix and V = the
+//          first 512 columns of the same smem key tile by ldmatrix.trans (V is not read again from memory).
+//   Epilogue: l = sum of the partials, out = O / l, lse = (m + log2 l) * ln 2; rows past n_nodes (and rows
+//   with no admissible key) get out 0 and lse -inf.
+//   Split (flash-decoding, num_splits > 1, grid z): split s of a request takes key tiles
+//   [s*per, (s+1)*per), per = ceil(tiles / num_splits) from the request's actual prefix_len; it writes O / l
+//   and lse (-inf for an empty split) to the workspace; kdt_verify_attn_combine merges the splits through lse
+//   and zeroes every workspace word it read, so the workspace is left in its zero state.
+//
+// Launch shape
+//   kdt_verify_attn_fwd:     grid (ceil(N*H/64), G, num_splits), block 256, dynamic smem
+//                            kdt_verify_attn_smem_bytes: 230912 B on sm_90 / sm_100 (Q 72 KB + 2 x 72 KB key
+//                            tiles of 64 tokens + P 8 KB + 1.5 KB row stats); 95744 B on sm_120 (Q 72 KB + one
+//                            18 KB tile of 16 tokens + P 2 KB + stats, under the 99 KB limit). 1 CTA per SM.
+//   kdt_verify_attn_combine: grid (ceil(N*H/8), G), block 256 (one warp per row), no smem; only when
+//                            num_splits > 1. num_splits comes from shapes only (graph capturable).
+//
+// Memory traffic
+//   Keys: every query tile of a request reads all of its prefix + tree keys once: ceil(N*H/64) *
+//   (prefix + N) * 1152 B per request (HBM once, L2 for the other query tiles, which run concurrently).
+//   Q: 72 KB per CTA; out: N*H*Dv*4 (or 2) B; lse: N*H*4 B; split partials: num_splits * G * ceil(N*H/64) * 64
+//   * 513 * 4 B written once, read once and zeroed once.
+//   FLOPs counted: 2*H*N*(prefix+N)*(576+512); rows past n_nodes and padding rows of the last query tile
+//   are computed anyway (masked out at the end).
+
+#include <stdint.h>
+
+#include "common/verify_attn_ptx.cuh"
+
+namespace va {
+
+constexpr int DQK = 576;                      // key dim (512 latent + 64 rope)
+constexpr int DV = 512;                       // value dim (first DV columns of a key row)
+constexpr int PAGE = 64;                      // kv_cache page size in tokens
+constexpr int ROWS = 64;                      // query rows (slot, head) per CTA
+constexpr int THREADS = 256;
+constexpr int WARPS = THREADS / 32;
+constexpr int ROW_BYTES = DQK * 2;            // 1152 B per key / query row
+constexpr int ROW_CHUNKS = ROW_BYTES / 16;    // 72 16-byte chunks per row
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 1200 || __CUDA_ARCH__ < 900)
+constexpr int KV_T = 16;                      // keys per tile (99 KB smem parts: sm_120, sm_8x)
+constexpr int STAGES = 1;
+#else
+constexpr int KV_T = 64;                      // keys per tile = one page (227 KB smem parts: sm_90, sm_100)
+constexpr int STAGES = 2;
+#endif
+
+constexpr int S_WN = 2;                       // warps along the keys of a tile in S = Q K^T
+constexpr int TW = KV_T / S_WN;               // keys per S warp (after the split-D exchange, see below)
+// S = Q K^T warp layout.
+//   SPLIT_D (KV_T = 64): warp w = 4*dh + 2*rg + cg computes a 32-row x 32-key partial over the k16 steps
+//     ks = 2j + dh (half the 576 dims), 2 ldmatrix.x4 (A) + 2 (B) per 8 mma; warps w and w+4 then add
+//     their partials through smem (each keeps 16 of the 32 rows): 1/3 less ldmatrix traffic than 16x32 tiles.
+//   else (KV_T = 16): warp w = 2*rg + cg computes 16 rows x 8 keys over all 576 dims.
+constexpr bool SPLIT_D = KV_T == 64;
+constexpr int NT = TW / 8;                    // 8-key n-tiles per S warp
+constexpr int MT = ROWS / 16;                 // 16-row m-tiles per PV warp (all rows)
+constexpr int DV_W = DV / WARPS;              // value columns per PV warp
+constexpr int PV_NP = DV_W / 16;              // pairs of 8-column n-tiles per PV warp
+constexpr int KSTEPS_PV = KV_T / 16;          // k16 steps of P V per tile
+constexpr int P_ROW_BYTES = KV_T * 2;
+constexpr int P_CHUNKS = KV_T / 8;            // 16-byte chunks per P row
+
+constexpr int Q_BYTES = ROWS * ROW_BYTES;
+constexpr int KV_TILE_BYTES = KV_T * ROW_BYTES;
+constexpr int P_BYTES = ROWS * P_ROW_BYTES;
+constexpr int OFF_Q = 0;
+constexpr int OFF_KV = OFF_Q + Q_BYTES;
+constexpr int OFF_P = OFF_KV + STAGES * KV_TILE_BYTES;
+constexpr int OFF_REDMAX = OFF_P + P_BYTES;              // float [ROWS][S_WN]
+constexpr int OFF_REDL = OFF_REDMAX + ROWS * S_WN * 4;  // float [ROWS][S_WN]
+constexpr int OFF_ALPHA = OFF_REDL + ROWS * S_WN * 4;   // float [ROWS]
+constexpr int OFF_INVL = OFF_ALPHA + ROWS * 4;          // float [ROWS]
+constexpr int SMEM_BYTES = OFF_INVL + ROWS * 4;
+
+constexpr int COMBINE_THREADS = 256;
+constexpr int COMBINE_ROWS = COMBINE_THREADS / 32;      // one warp per output row
+
+static_assert(SPLIT_D ? (ROWS == 64 && TW == 32 && WARPS == 8) : (WARPS / S_WN) * 16 == ROWS,
+              "S warps must cover the query rows");
+static_assert(!SPLIT_D || P_BYTES >= (WARPS / 2) * 2048, "split-D exchange lives in the P buffer");
+static_assert(!SPLIT_D || (DQK / 16) % 2 == 0, "split-D: even number of k16 steps");
+static_assert(NT == 1 || NT % 2 == 0, "S n-tiles: one, or pairs for ldmatrix.x4");
+static_assert(PAGE % KV_T == 0 && KV_T % 16 == 0, "a key tile lies in one page and is k16-aligned");
+static_assert(DQK % 64 == 0, "S loop runs in groups of 4 k16 steps");
+static_assert(DV % (WARPS * 16) == 0, "value columns split in 16-column pairs per warp");
+static_assert(P_CHUNKS == 2 || P_CHUNKS == 4 || P_CHUNKS == 8, "P swizzle");
+static_assert(ROW_CHUNKS % 8 == 0, "key/query swizzle works on groups of 8 chunks");
+static_assert(THREADS % KV_T == 0 && THREADS % ROWS == 0, "loader: whole threads per row");
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 1200 || __CUDA_ARCH__ < 900)
+static_assert(SMEM_BYTES <= 101376, "sm_120 / sm_8x: 99 KB of dynamic smem per block");
+#else
+static_assert(SMEM_BYTES <= 232448, "sm_90 / sm_100: 227 KB of dynamic smem per block");
+#endif
+
+constexpr float NEG_INF = -__builtin_huge_valf();
+constexpr float LN2 = 0.693147180559945309f;
+
+// Key / query tiles: row-major rows of 1152 B; 16-byte chunk c of row r lives at chunk c ^ (r & 7), so
+// the 8 rows of an ldmatrix 8x8 matrix (same logical chunk) hit 8 different bank groups.
+
+// P tile: ROWS x KV_T bf16, rows of P_CHUNKS chunks; chunk c of row r lives at c ^ pswz(r).
+__device__ __forceinline__ int pswz(int row) { return (row / (8 / P_CHUNKS)) & (P_CHUNKS - 1); }
+
+// Load TROWS rows of 576 bf16 into a swizzled smem tile. Thread tid copies row tid / TPR, chunks
+// tid % TPR + TPR*i. `src_row` is that row in global memory; valid == false zero-fills it (src-size 0: the
+// address is not read). Every copy is one cp.async with immediate offsets from two or three base registers:
+//   TPR % 8 == 0: chunk lc + TPR*i lives at (lc ^ r7) + TPR*i;
+//   TPR == 4:     chunk lc + 4*(2m + b) lives at 8m + ((4b + lc) ^ r7).
+template <int TROWS>
+__device__ __forceinline__ void load_rows(uint32_t s_tile, const uint16_t* src_row, bool valid) {
+    const int tid = static_cast<int>(thread_x());  // re-read per call: cheaper than holding the offsets live
+    constexpr int TPR = THREADS / TROWS;
+    constexpr int CPT = (ROW_CHUNKS + TPR - 1) / TPR;
+    static_assert(TPR % 8 == 0 || TPR == 4, "loader swizzle cases");
+    const int row = tid / TPR;
+    const int lc = tid % TPR;
+    const int r7 = row & 7;
+    const uint32_t dst_row = s_tile + static_cast<uint32_t>(row * ROW_BYTES);
+    const char* src = reinterpret_cast<const char*>(src_row) + lc * 16;
+    const uint32_t nbytes = valid ? 16u : 0u;
+    if constexpr (TPR % 8 == 0) {
+        const uint32_t dst = dst_row + static_cast<uint32_t>((lc ^ r7) << 4);
+#pragma unroll
+        for (int i = 0; i < CPT; ++i) {
+            if (ROW_CHUNKS % TPR == 0 || lc + TPR * i < ROW_CHUNKS)
+                cp_async16(dst + TPR * 16 * i, src + TPR * 16 * i, nbytes);
+        }
+    } else {
+        const uint32_t dst0 = dst_row + static_cast<uint32_t>((lc ^ r7) << 4);
+        const uint32_t dst1 = dst_row + static_cast<uint32_t>(((lc + 4) ^ r7) << 4);
+#pragma unroll
+        for (int i = 0; i < CPT; ++i) cp_async16(((i & 1) ? dst1 : dst0) + 128 * (i >> 1), src + 64 * i, nbytes);
+    }
+}
+
+// Key tile k of a request: prefix tiles first (k < n_pref; `page` = block_table entry of the tile, read
+// ahead by the caller), then tree tiles. Rows past the prefix / past N are zero-filled (never NaN).
+__device__ __forceinline__ void load_kv_tile(uint32_t s_tile, int k, int page, int n_pref, int plen, int N, int g,
+                                             const uint16_t* __restrict__ kv_cache,
+                                             const uint16_t* __restrict__ kv_tree) {
+    constexpr int TPR = THREADS / KV_T;
+    const int row = static_cast<int>(thread_x()) / TPR;
+    const uint16_t* src = kv_cache;
+    bool valid;
+    if (k < n_pref) {
+        const int tok0 = k * KV_T;
+        valid = tok0 + row < plen;
+        if (valid) src = kv_cache + (static_cast<size_t>(page) * PAGE + (tok0 % PAGE) + row) * DQK;
+    } else {
+        const int j = (k - n_pref) * KV_T + row;
+        valid = j < N;
+        if (valid) src = kv_tree + (static_cast<size_t>(g) * N + j) * DQK;
+    }
+    load_rows<KV_T>(s_tile, src, valid);
+}
+
+}  // namespace va
+
+// Launch constants, read by kdt/launch/verify_attn.py through module.get_global.
+extern "C" __constant__ int kdt_verify_attn_threads = va::THREADS;
+extern "C" __constant__ int kdt_verify_attn_rows = va::ROWS;
+extern "C" __constant__ int kdt_verify_attn_kv_tile = va::KV_T;
+extern "C" __constant__ int kdt_verify_attn_smem_bytes = va::SMEM_BYTES;
+extern "C" __constant__ int kdt_verify_attn_dqk = va::DQK;
+extern "C" __constant__ int kdt_verify_attn_dv = va::DV;
+extern "C" __constant__ int kdt_verify_attn_page = va::PAGE;
+extern "C" __constant__ int kdt_verify_attn_combine_threads = va::COMBINE_THREADS;
+extern "C" __constant__ int kdt_verify_attn_combine_rows = va::COMBINE_ROWS;
+
+// ---------------------------------------------------------------------------------------------------------
+// Main kernel. grid (ceil(N*H/64), G, num_splits), block 256, dynamic smem kdt_verify_attn_smem_bytes.
+// num_splits == 1: writes out / lse. num_splits > 1: writes part_o [S][G][Rpad][512] (normalised) and
+// part_lse [S][G][Rpad] (natural log, -inf = no contribution), Rpad = gridDim.x * 64.
+extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
+    kdt_verify_attn_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ kv_cache,
+                        const int* __restrict__ block_table, const int* __restrict__ prefix_len,
+                        const uint16_t* __restrict__ kv_tree, const uint32_t* __restrict__ mask,
+                        const int* __restrict__ n_nodes, int G, int N, int H, int max_pages, int W,
+                        float scale_log2e, int num_splits, int out_bf16, void* __restrict__ out,
+                        float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse) {
+    using namespace va;
+    extern __shared__ __align__(128) unsigned char smem[];
+
+    const int tid = threadIdx.x;
+    const int warp = tid >> 5;
+    const int lane = tid & 31;
+    const int g = blockIdx.y;
+    const int split = blockIdx.z;
+    const int R = N * H;                                   // query rows of the request
+    const int r0 = blockIdx.x * ROWS;                      // first row of this CTA
+    const int Rpad = gridDim.x * ROWS;
+    const int live = max(n_nodes[g] + 1, 0);
+    const int active = min(live, N) * H;                   // rows r < active are computed
+    const int plen = prefix_len[g];
+    const int n_pref = (plen + KV_T - 1) / KV_T;           // prefix key tiles
+    const int n_tiles = n_pref + (N + KV_T - 1) / KV_T;    // + tree key tiles
+    const int per = (n_tiles + num_splits - 1) / num_splits;
+    const int kb = split * per;
+    const int ke = min(n_tiles, kb + per);
+
+    if (r0 >= active || kb >= ke) {
+        if (num_splits == 1) {
+            // whole tile past n_nodes: out 0, lse -inf
+            const int nrows = min(ROWS, R - r0);
+            const size_t base = (static_cast<size_t>(g) * R + r0) * DV;
+            if (out_bf16) {
+                uint4* o = reinterpret_cast<uint4*>(static_cast<uint16_t*>(out) + base);
+                for (int i = tid; i < nrows * (DV / 8); i += THREADS) o[i] = make_uint4(0u, 0u, 0u, 0u);
+            } else {
+                float4* o = reinterpret_cast<float4*>(static_cast<float*>(out) + base);
+                for (int i = tid; i < nrows * (DV / 4); i += THREADS) o[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            if (tid < nrows) lse[static_cast<size_t>(g) * R + r0 + tid] = NEG_INF;
+        } else if (r0 < active) {
+            // this split has no key tile of the request: no contribution (the combine skips -inf)
+            if (tid < ROWS && r0 + tid < R)
+                part_lse[(static_cast<size_t>(split) * G + g) * Rpad + r0 + tid] = NEG_INF;
+        }
+        return;  // (inactive tiles with num_splits > 1: the combine kernel writes them)
+    }
+
+    const uint32_t sQ = smem_u32(smem);
+    const uint32_t sKV = sQ + OFF_KV;
+    const uint32_t sP = sQ + OFF_P;
+    float* redmax = reinterpret_cast<float*>(smem + OFF_REDMAX);
+    float* redl = reinterpret_cast<float*>(smem + OFF_REDL);
+    float* alpha_s = reinterpret_cast<float*>(smem + OFF_ALPHA);
+    float* invl_s = reinterpret_cast<float*>(smem + OFF_INVL);
+    const int* bt_row = block_table + static_cast<size_t>(g) * max_pages;
+
+    // ---- prologue: Q tile + first key tile in one cp.async group
+    {
+        constexpr int TPR = THREADS / ROWS;
+        const int row = tid / TPR;
+        const bool valid = r0 + row < active;
+        const uint16_t* src = valid ? q + (static_cast<size_t>(g) * R + r0 + row) * DQK : q;
+        load_rows<ROWS>(sQ, src, valid);
+    }
+    int page_next = kb < n_pref ? __ldg(bt_row + (kb * KV_T) / PAGE) : 0;
+    load_kv_tile(sKV, kb, page_next, n_pref, plen, N, g, kv_cache, kv_tree);
+    cp_async_commit();
+    page_next = kb + 1 < n_pref ? __ldg(bt_row + ((kb + 1) * KV_T) / PAGE) : 0;
+
+    // ---- per-lane roles and ldmatrix addresses
+    const int gq = lane >> 2;         // mma group id: fragment rows gq, gq+8
+    const int cq = lane & 3;          // thread in group: fragment columns 2cq, 2cq+1
+    const int r7 = lane & 7;          // row & 7 of the ldmatrix row this lane addresses (all bases are 8-aligned)
+    const int hi16 = lane >> 4;       // lanes 16..31 address matrices 2,3
+    const int hi8 = (lane >> 3) & 1;  // lanes 8..15 / 24..31 address matrices 1,3
+
+    // S role: after S (and the split-D exchange) this warp owns rows own0..own0+15, keys TW*s_cg..+TW
+    const int s_cg = warp % S_WN;
+    const int s_dh = warp >> 2;                    // SPLIT_D: which half of the k16 steps
+    const int s_rg = SPLIT_D ? (warp >> 1) & 1 : warp / S_WN;  // SPLIT_D: 32-row group; else 16-row group
+    const int own0 = SPLIT_D ? 32 * s_rg + 16 * s_dh : 16 * s_rg;
+    const int rowA = own0 + gq;       // fragment rows of this thread in the CTA tile
+    const int rowB = rowA + 8;
+    const int grA = r0 + rowA, grB = r0 + rowB;
+    const bool actA = grA < active, actB = grB < active;
+
+    // A (Q, 16 rows x k16): matrix 0 rows 0-7 / k 0-7, 1 rows 8-15 / k 0-7, 2 rows 0-7 / k 8-15, 3 rows 8-15 / k 8-15
+    // -> lane addresses row (lane & 15), chunk 2*ks + hi16. With ks = 4*m + u the swizzled chunk is
+    //    8*m + ((2u + hi16) ^ r7): per-lane offsets for u = 0..3, + 128*m bytes as an immediate.
+    // B (K, keys as n, dims as k; non-transposed): matrices (ntile 0, k 0-7), (ntile 0, k 8-15),
+    //    (ntile 1, k 0-7), (ntile 1, k 8-15) -> lane addresses key 8*hi16 + r7, chunk 2*ks + hi8.
+    //    SPLIT_D: ks = 2j + dh, so chunk 2ks + hi = 4j + 2dh + hi and the swizzled chunk is
+    //    8*(j>>1) + ((4*(j&1) + 2dh) ^ (hi ^ r7)): two per-lane offsets (j even / odd), + 128*(j>>1) immediate.
+    uint32_t qaddr[4], kaddr[4];
+    if constexpr (SPLIT_D) {
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+            qaddr[v] = sQ + static_cast<uint32_t>((32 * s_rg + (lane & 15)) * ROW_BYTES +
+                                                  (((4 * v + 2 * s_dh) ^ (hi16 ^ r7)) << 4));
+            kaddr[v] = sKV + static_cast<uint32_t>((TW * s_cg + 8 * hi16 + r7) * ROW_BYTES +
+                                                   (((4 * v + 2 * s_dh) ^ (hi8 ^ r7)) << 4));
+            qaddr[v + 2] = kaddr[v + 2] = 0u;
+        }
+    } else {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            qaddr[u] = sQ + static_cast<uint32_t>((16 * s_rg + (lane & 15)) * ROW_BYTES + (((2 * u + hi16) ^ r7) << 4));
+            const int key = TW * s_cg + (NT >= 2 ? 8 * hi16 : 0) + r7;
+            kaddr[u] = sKV + static_cast<uint32_t>(key * ROW_BYTES + (((2 * u + hi8) ^ r7) << 4));
+        }
+    }
+    // PV role: warp owns value columns DV_W*warp.., all ROWS rows.
+    // A (P, 16 rows x k16 keys): lane addresses row 16*mt + (lane & 15), chunk 2*kk + hi16 (swizzled by pswz,
+    //    which depends on lane & 15 only). B (V, keys as k, value columns as n; transposed): matrices
+    //    (keys 0-7, ntile 0), (keys 8-15, ntile 0), (keys 0-7, ntile 1), (keys 8-15, ntile 1) -> lane addresses
+    //    key 8*hi8 + r7, chunk DV_W/8*warp + 2*np + hi16, swizzled by key & 7 = r7.
+    //    Both use the lane offsets xo[v] = ((2v + hi16) ^ r7) * 16 (P: v = kk, when P rows are 8 chunks).
+    static_assert(PV_NP <= 4 && KSTEPS_PV <= 4, "lane offset table");
+    uint32_t xo[4];
+#pragma unroll
+    for (int v = 0; v < 4; ++v) xo[v] = static_cast<uint32_t>(((2 * v + hi16) ^ r7) << 4);
+    const uint32_t pbase = sP + static_cast<uint32_t>((lane & 15) * P_ROW_BYTES);
+    const uint32_t vbase = sKV + static_cast<uint32_t>((8 * hi8 + r7) * ROW_BYTES + (DV_W / 8) * warp * 16);
+    // P stores of the S role: row rowA (rowB = rowA + 8 has the same swizzle), column TW*s_cg + 8*nt + 2*cq
+    // -> chunk (TW/8)*s_cg + nt
+    const uint32_t pst = sP + static_cast<uint32_t>(rowA * P_ROW_BYTES + 4 * cq);
+    const int pz = pswz(rowA);
+
+    float o[MT][2 * PV_NP][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2 * PV_NP; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[mt][nt][e] = 0.f;
+    float mA = NEG_INF, mB = NEG_INF;  // running max (scaled, log2 units) of rows rowA / rowB
+    float lA = 0.f, lB = 0.f;          // partial row sums over this warp's columns
+
+    for (int k = kb; k < ke; ++k) {
+        const int it = k - kb;
+        const int buf = STAGES == 2 ? (it & 1) : 0;
+        if (STAGES == 1 && it > 0) {
+            __syncthreads();  // everyone is done with the previous tile
+            load_kv_tile(sKV, k, page_next, n_pref, plen, N, g, kv_cache, kv_tree);
+            cp_async_commit();
+            page_next = k + 1 < n_pref ? __ldg(bt_row + ((k + 1) * KV_T) / PAGE) : 0;
+        }
+        cp_async_wait_all();
+        __syncthreads();  // B0: tile k visible to all; all warps are past tile k-1
+        if (STAGES == 2 && k + 1 < ke) {
+            load_kv_tile(sKV + static_cast<uint32_t>((buf ^ 1) * KV_TILE_BYTES), k + 1, page_next, n_pref, plen, N,
+                         g, kv_cache, kv_tree);
+            cp_async_commit();
+            page_next = k + 2 < n_pref ? __ldg(bt_row + ((k + 2) * KV_T) / PAGE) : 0;
+        }
+        const uint32_t kvoff = static_cast<uint32_t>(buf * KV_TILE_BYTES);
+
+        // tree tile: this warp's mask word for its two rows (issued before the S loop to hide latency)
+        const bool tree = k >= n_pref;
+        const int j0 = (k - n_pref) * KV_T + TW * s_cg;  // first tree slot of this warp's keys
+        uint32_t wA = 0u, wB = 0u;
+        if (tree && j0 < N) {
+            const uint32_t* mrow = mask + static_cast<size_t>(g) * N * W + (j0 >> 5);
+            if (actA) wA = __ldg(mrow + (grA / H) * W) >> (j0 & 31);
+            if (actB) wB = __ldg(mrow + (grB / H) * W) >> (j0 & 31);
+        }
+
+        // ---- S = Q K^T (fp32): s[nt][*] = rows rowA / rowB x keys TW*s_cg + 8*nt + 2*cq + {0,1}
+        float s[NT][4];
+        if constexpr (SPLIT_D) {
+            float acc[2][NT][4];  // 32 rows (m-tiles 0,1) x 32 keys, partial over this warp's k16 steps
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+#pragma unroll
+            for (int j = 0; j < DQK / 32; ++j) {
+                uint32_t a[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+                    ldsm_x4(qaddr[j & 1] + (j >> 1) * 128 + mt * 16 * ROW_BYTES, a[mt][0], a[mt][1], a[mt][2],
+                            a[mt][3]);
+#pragma unroll
+                for (int np = 0; np < NT / 2; ++np) {
+                    uint32_t b0, b1, b2, b3;
+                    ldsm_x4(kaddr[j & 1] + kvoff + (j >> 1) * 128 + np * 16 * ROW_BYTES, b0, b1, b2, b3);
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) {
+                        mma_bf16(acc[mt][2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+                        mma_bf16(acc[mt][2 * np + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b2, b3);
+                    }
+                }
+            }
+            // Exchange with warp w ^ 4 (same rows and keys, other half of the dims) through 2 KB of the P
+            // buffer (free: every warp is past PV of the previous tile). Slot (nt, lane) holds one lane's 4
+            // accumulators of an n-tile: the partner lane holds the same (row, key) elements, so slots are
+            // lane-private (no bank conflicts, read-then-overwrite in place needs no barrier).
+            float4* xch = reinterpret_cast<float4*>(smem + OFF_P + (warp & 3) * 2048) + lane;
+            const int pair_bar = 1 + (warp & 3);
+            if (s_dh == 1) {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+                    xch[32 * nt] = make_float4(acc[0][nt][0], acc[0][nt][1], acc[0][nt][2], acc[0][nt][3]);
+            }
+            named_barrier(pair_bar, 64);
+            if (s_dh == 0) {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const float4 v = xch[32 * nt];
+                    acc[0][nt][0] += v.x;
+                    acc[0][nt][1] += v.y;
+                    acc[0][nt][2] += v.z;
+                    acc[0][nt][3] += v.w;
+                    xch[32 * nt] = make_float4(acc[1][nt][0], acc[1][nt][1], acc[1][nt][2], acc[1][nt][3]);
+                }
+            }
+            named_barrier(pair_bar, 64);
+            if (s_dh == 1) {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const float4 v = xch[32 * nt];
+                    acc[1][nt][0] += v.x;
+                    acc[1][nt][1] += v.y;
+                    acc[1][nt][2] += v.z;
+                    acc[1][nt][3] += v.w;
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nt][e] = s_dh ? acc[1][nt][e] : acc[0][nt][e];
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+#pragma unroll
+            for (int m = 0; m < DQK / 64; ++m) {
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    uint32_t a0, a1, a2, a3;
+                    ldsm_x4(qaddr[u] + m * 128, a0, a1, a2, a3);
+                    if constexpr (NT == 1) {
+                        uint32_t b0, b1;
+                        ldsm_x2(kaddr[u] + kvoff + m * 128, b0, b1);
+                        mma_bf16(s[0], a0, a1, a2, a3, b0, b1);
+                    } else {
+#pragma unroll
+                        for (int np = 0; np < NT / 2; ++np) {
+                            uint32_t b0, b1, b2, b3;
+                            ldsm_x4(kaddr[u] + kvoff + np * 16 * ROW_BYTES + m * 128, b0, b1, b2, b3);
+                            mma_bf16(s[2 * np], a0, a1, a2, a3, b0, b1);
+                            mma_bf16(s[2 * np + 1], a0, a1, a2, a3, b2, b3);
+                        }
+                    }
+                }
+            }
+        }
+
+        // ---- scale, mask, row max
+        float mxA = NEG_INF, mxB = NEG_INF;
+        {
+            // valid columns c (0..TW-1 of this warp): prefix c < lim; tree c < lim and mask bit c
+            const int lim = tree ? N - j0 : plen - k * KV_T - TW * s_cg;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int c = 8 * nt + 2 * cq + e;
+                    bool okA = c < lim, okB = c < lim;
+                    if (tree) {
+                        okA = okA && ((wA >> c) & 1u);
+                        okB = okB && ((wB >> c) & 1u);
+                    }
+                    s[nt][e] = okA ? s[nt][e] * scale_log2e : NEG_INF;
+                    s[nt][2 + e] = okB ? s[nt][2 + e] * scale_log2e : NEG_INF;
+                    mxA = fmaxf(mxA, s[nt][e]);
+                    mxB = fmaxf(mxB, s[nt][2 + e]);
+                }
+            }
+        }
+        mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 1));
+        mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 2));
+        mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 1));
+        mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
+        if (cq == 0) {
+            redmax[rowA * S_WN + s_cg] = mxA;
+            redmax[rowB * S_WN + s_cg] = mxB;
+        }
+        if constexpr (SPLIT_D)
+            __syncthreads();  // B1: row maxima; also every exchange is read before P overwrites the buffer
+        else
+            named_barrier(1 + s_rg, S_WN * 32);  // B1: the S_WN warps sharing rows 16*s_rg..+16
+#pragma unroll
+        for (int w = 0; w < S_WN; ++w) {
+            mxA = fmaxf(mxA, redmax[rowA * S_WN + w]);
+            mxB = fmaxf(mxB, redmax[rowB * S_WN + w]);
+        }
+        const float mnA = fmaxf(mA, mxA), mnB = fmaxf(mB, mxB);
+        const float muA = mnA == NEG_INF ? 0.f : mnA;  // a row with no key yet: p = 0, alpha = 0
+        const float muB = mnB == NEG_INF ? 0.f : mnB;
+        const float alA = ex2(mA - muA), alB = ex2(mB - muB);
+        mA = mnA;
+        mB = mnB;
+
+        // ---- P = exp2(s - m) -> bf16 smem; partial row sums in fp32
+        float sumA = 0.f, sumB = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const float p0 = ex2(s[nt][0] - muA), p1 = ex2(s[nt][1] - muA);
+            const float p2 = ex2(s[nt][2] - muB), p3 = ex2(s[nt][3] - muB);
+            sumA += p0 + p1;
+            sumB += p2 + p3;
+            const int chunk = (TW / 8) * s_cg + nt;
+            const uint32_t pa = pst + static_cast<uint32_t>((chunk ^ pz) << 4);
+            sts32(pa, pack_bf16(p0, p1));
+            sts32(pa + 8 * P_ROW_BYTES, pack_bf16(p2, p3));
+        }
+        lA = lA * alA + sumA;
+        lB = lB * alB + sumB;
+        if (s_cg == 0 && cq == 0) {
+            alpha_s[rowA] = alA;
+            alpha_s[rowB] = alB;
+        }
+        __syncthreads();  // B2: P and alpha of tile k visible
+
+        // ---- O = O * alpha + P V (64 rows x DV_W columns per warp)
+        {
+            // the running max rarely moves after the first tiles: skip the 128 multiplies when alpha == 1
+            float aA[MT], aB[MT];
+            bool rescale = false;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                aA[mt] = alpha_s[16 * mt + gq];
+                aB[mt] = alpha_s[16 * mt + gq + 8];
+                rescale |= (aA[mt] != 1.f) | (aB[mt] != 1.f);
+            }
+            if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                    for (int nt = 0; nt < 2 * PV_NP; ++nt) {
+                        o[mt][nt][0] *= aA[mt];
+                        o[mt][nt][1] *= aA[mt];
+                        o[mt][nt][2] *= aB[mt];
+                        o[mt][nt][3] *= aB[mt];
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS_PV; ++kk) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                ldsm_x4(pbase + mt * 16 * P_ROW_BYTES +
+                            (P_CHUNKS == 8 ? xo[kk] : static_cast<uint32_t>(((2 * kk + hi16) ^ pswz(lane & 15)) << 4)),
+                        a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
+#pragma unroll
+            for (int np = 0; np < PV_NP; ++np) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4_t(vbase + xo[np] + kvoff + kk * 16 * ROW_BYTES, b0, b1, b2, b3);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_bf16(o[mt][2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+                    mma_bf16(o[mt][2 * np + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b2, b3);
+                }
+            }
+        }
+    }
+
+    // ---- epilogue: full row sums, 1/l, lse
+    lA += __shfl_xor_sync(0xffffffffu, lA, 1);
+    lA += __shfl_xor_sync(0xffffffffu, lA, 2);
+    lB += __shfl_xor_sync(0xffffffffu, lB, 1);
+    lB += __shfl_xor_sync(0xffffffffu, lB, 2);
+    if (cq == 0) {
+        redl[rowA * S_WN + s_cg] = lA;
+        redl[rowB * S_WN + s_cg] = lB;
+    }
+    __syncthreads();
+    const bool split_mode = num_splits > 1;
+    if (s_cg == 0 && cq == 0) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = half ? rowB : rowA;
+            const int gr = half ? grB : grA;
+            const bool act = half ? actB : actA;
+            const float m = half ? mB : mA;
+            float L = 0.f;
+#pragma unroll
+            for (int w = 0; w < S_WN; ++w) L += redl[row * S_WN + w];
+            const bool ok = act && L > 0.f;
+            invl_s[row] = ok ? 1.f / L : 0.f;
+            const float lse_v = ok ? (m + log2f(L)) * LN2 : NEG_INF;
+            if (gr < R) {
+                if (split_mode)
+                    part_lse[(static_cast<size_t>(split) * G + g) * Rpad + gr] = lse_v;
+                else
+                    lse[static_cast<size_t>(g) * R + gr] = lse_v;
+            }
+        }
+    }
+    __syncthreads();
+
+    // ---- store O / l
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = 16 * mt + gq + 8 * half;
+            const int gr = r0 + row;
+            if (gr >= R) continue;
+            const float inv = invl_s[row];
+            const size_t obase = split_mode ? ((static_cast<size_t>(split) * G + g) * Rpad + gr) * DV
+                                            : (static_cast<size_t>(g) * R + gr) * DV;
+#pragma unroll
+            for (int nt = 0; nt < 2 * PV_NP; ++nt) {
+                const int col = DV_W * warp + 8 * nt + 2 * cq;
+                // inv == 0 (row past n_nodes / no key): +0, never -0, so the workspace returns to zero
+                const float v0 = inv != 0.f ? o[mt][nt][2 * half] * inv : 0.f;
+                const float v1 = inv != 0.f ? o[mt][nt][2 * half + 1] * inv : 0.f;
+                if (split_mode) {
+                    *reinterpret_cast<float2*>(part_o + obase + col) = make_float2(v0, v1);
+                } else if (out_bf16) {
+                    *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(out) + obase + col) = pack_bf16(v0, v1);
+                } else {
+                    *reinterpret_cast<float2*>(static_cast<float*>(out) + obase + col) = make_float2(v0, v1);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Split combine. grid (ceil(N*H/8), G), block 256: one warp per query row.
+extern "C" __global__ void __launch_bounds__(va::COMBINE_THREADS)
+    kdt_verify_attn_combine(float* __restrict__ part_o, float* __restrict__ part_lse,
+                            const int* __restrict__ n_nodes, int G, int N, int H, int num_splits, int Rpad,
+                            int out_bf16, void* __restrict__ out, float* __restrict__ lse) {
+    using namespace va;
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int g = blockIdx.y;
+    const int r = blockIdx.x * COMBINE_ROWS + warp;
+    const int R = N * H;
+    if (r >= R) return;
+    const int active = min(max(n_nodes[g] + 1, 0), N) * H;
+    constexpr int PER_LANE = DV / 128;  // float4 per lane
+    float4 acc[PER_LANE];
+#pragma unroll
+    for (int j = 0; j < PER_LANE; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    float lse_out = NEG_INF;
+    if (r < active) {
+        float mx = NEG_INF;
+        for (int s = lane; s < num_splits; s += 32)
+            mx = fmaxf(mx, part_lse[(static_cast<size_t>(s) * G + g) * Rpad + r]);
+#pragma unroll
+        for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+        if (mx != NEG_INF) {
+            float den = 0.f;
+            for (int s = lane; s < num_splits; s += 32)
+                den += expf(part_lse[(static_cast<size_t>(s) * G + g) * Rpad + r] - mx);
+#pragma unroll
+            for (int d = 16; d > 0; d >>= 1) den += __shfl_xor_sync(0xffffffffu, den, d);
+            const float inv_den = 1.f / den;
+            for (int s = 0; s < num_splits; ++s) {
+                const size_t prow = (static_cast<size_t>(s) * G + g) * Rpad + r;
+                const float ls = part_lse[prow];
+                if (ls == NEG_INF) continue;  // empty split: its partial O was never written
+                const float w = expf(ls - mx) * inv_den;
+                float4* src = reinterpret_cast<float4*>(part_o + prow * DV);
+#pragma unroll
+                for (int j = 0; j < PER_LANE; ++j) {
+                    const float4 v = src[lane + 32 * j];
+                    src[lane + 32 * j] = make_float4(0.f, 0.f, 0.f, 0.f);  // hand the workspace back zeroed
+                    acc[j].x += w * v.x;
+                    acc[j].y += w * v.y;
+                    acc[j].z += w * v.z;
+                    acc[j].w += w * v.w;
+                }
+            }
+            lse_out = mx + logf(den);
+        }
+    }
+    // Partials with lse -inf hold +0 (or were never written); the others were zeroed above. Zero the lse
+    // partials of every row (the main kernel writes -inf for rows past n_nodes inside live tiles).
+    __syncwarp();
+    for (int s = lane; s < num_splits; s += 32) part_lse[(static_cast<size_t>(s) * G + g) * Rpad + r] = 0.f;
+    const size_t orow = static_cast<size_t>(g) * R + r;
+#pragma unroll
+    for (int j = 0; j < PER_LANE; ++j) {
+        const int col = 4 * (lane + 32 * j);
+        if (out_bf16) {
+            uint2 v;
+            v.x = pack_bf16(acc[j].x, acc[j].y);
+            v.y = pack_bf16(acc[j].z, acc[j].w);
+            *reinterpret_cast<uint2*>(static_cast<uint16_t*>(out) + orow * DV + col) = v;
+        } else {
+            *reinterpret_cast<float4*>(static_cast<float*>(out) + orow * DV + col) = acc[j];
+        }
+    }
+    if (lane == 0) lse[orow] = lse_out;
+}
