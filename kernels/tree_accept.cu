@@ -270,25 +270,17 @@ struct WalkSmem {
     uint32_t path[kMaxNodes / 32];   // bit j: slot j is on the accepted path
 };
 
+// Links are byte offsets into rec[] (slot * 16), so one step of a sibling scan is one 16-byte shared load at
+// rec + link. Plain C++ indexing rather than a cvta'd shared address in inline PTX: the compiler still emits
+// LDS.128 (it infers the shared window from `smem`), and tools that relocate shared memory (compute-sanitizer
+// racecheck) see an ordinary access.
 __host__ __device__ __forceinline__ uint32_t link_base(const WalkSmem& s) {
-#ifdef __CUDA_ARCH__
-    return static_cast<uint32_t>(__cvta_generic_to_shared(s.rec));
-#else
     (void)s;
     return 0u;
-#endif
 }
 
 __host__ __device__ __forceinline__ uint4 load_rec(const WalkSmem& s, uint32_t link) {
-#ifdef __CUDA_ARCH__
-    (void)s;
-    uint4 r;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(link) : "memory");
-    return r;
-#else
     return *reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned char*>(s.rec) + link);
-#endif
 }
 
 __host__ __device__ __forceinline__ uint32_t link_of(int p, int n, uint32_t base) {
