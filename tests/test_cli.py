@@ -18,7 +18,7 @@ def kdt(*args, cwd=None, env=None):
 def test_help_lists_the_commands(root):
     done = kdt("--help", cwd=root)
     assert done.returncode == 0
-    for command in ("env-check", "gen-golden"):
+    for command in ("env-check", "gen-golden", "build", "verify", "bench", "pipeline", "fuzz", "sanitize"):
         assert command in done.stdout
 
 
