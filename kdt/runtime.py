@@ -6,6 +6,7 @@ Nothing here is imported until a command needs a GPU, so the CPU-only parts of k
 from __future__ import annotations
 
 import importlib
+import os
 from functools import cache
 
 from kdt import build, toolkit
@@ -32,8 +33,15 @@ def cupy():
     return module
 
 
+# Hopper's own instructions (wgmma) exist only in the arch-specific target; a cubin for sm_90a runs on
+# every 9.0 GPU, so kdt builds that for H100/H200 and kernels guard such code with __CUDA_ARCH_FEAT_SM90_ALL.
+ARCH_SPECIFIC = {"sm_90": "sm_90a"}
+
+
 def device_arch() -> str:
-    return f"sm_{cupy().cuda.Device().compute_capability}"  # CuPy gives "90" for 9.0
+    """The arch kdt builds for the current GPU; KDT_ARCH overrides it (e.g. sm_90 for the portable path)."""
+    base = f"sm_{cupy().cuda.Device().compute_capability}"  # CuPy gives "90" for 9.0
+    return os.environ.get("KDT_ARCH") or ARCH_SPECIFIC.get(base, base)
 
 
 def default_arches() -> list[str]:

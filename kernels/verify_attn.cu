@@ -28,6 +28,10 @@
 //          over the k16 steps 2j + dh (half of Dqk): 2 + 2 ldmatrix.x4 per 8 mma. Warps w and w^4 add their
 //          partials through 2 KB of the P buffer (two 64-thread named barriers); afterwards warp w owns rows
 //          32rg + 16dh..+16 x keys 32cg..+32 (16 rows x 32 keys, the layout the softmax below expects).
+//          sm_90a (cubin built for compute_90a, `WG_S`): wgmma instead of the split-D mma.sync: warpgroup
+//          c = w / 4 issues 36 wgmma.m64n32k16 (Q and K from smem through descriptors, 128-byte swizzle, Q and
+//          key tiles stored as 9 column blocks of 64 x 128 B) for rows 0..63 x keys 32c..+32; warp w ends up
+//          owning rows 16(w%4)..+16 x keys 32c..+32 (no exchange). PV below is unchanged (mma.sync).
 //          sm_120 (KV_T = 16): warp w computes rows 16(w/2)..+16 x keys 8(w%2)..+8 over all of Dqk.
 //     max  s *= softmax_scale*log2(e); masked -> -inf; row max per warp -> smem; B1 (__syncthreads on sm_90,
 //          a 64-thread named barrier on sm_120); both warps owning a row take the same new running max m.
@@ -83,6 +87,17 @@ constexpr int KV_T = 64;                      // keys per tile = one page (227 K
 constexpr int STAGES = 2;
 #endif
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+constexpr bool WG_S = true;                   // sm_90a: S = Q K^T by wgmma (see below)
+#else
+constexpr bool WG_S = false;
+#endif
+// Q / key tile layout in smem. mma.sync paths: row-major rows of 1152 B (TROW), 16-byte chunk c of row r at
+// chunk c ^ (r & 7) inside its group of 8 (BLK = 128 B between 64-column blocks). WG_S: the wgmma 128-byte
+// swizzle layout: 64-column block m of a 64-row tile at m * 8192 B, row r at +128 r, chunk u at u ^ (r & 7)
+// (TROW = 128, BLK = 8192). Both: byte offset of (row r, column block m, chunk u) = m*BLK + r*TROW + 16*(u^(r&7)).
+constexpr int TROW = WG_S ? 128 : ROW_BYTES;
+constexpr int BLK = WG_S ? 64 * 128 : 128;
 constexpr int S_WN = 2;                       // warps along the keys of a tile in S = Q K^T
 constexpr int TW = KV_T / S_WN;               // keys per S warp (after the split-D exchange, see below)
 // S = Q K^T warp layout.
@@ -90,7 +105,7 @@ constexpr int TW = KV_T / S_WN;               // keys per S warp (after the spli
 //     ks = 2j + dh (half the 576 dims), 2 ldmatrix.x4 (A) + 2 (B) per 8 mma; warps w and w+4 then add
 //     their partials through smem (each keeps 16 of the 32 rows): 1/3 less ldmatrix traffic than 16x32 tiles.
 //   else (KV_T = 16): warp w = 2*rg + cg computes 16 rows x 8 keys over all 576 dims.
-constexpr bool SPLIT_D = KV_T == 64;
+constexpr bool SPLIT_D = KV_T == 64 && !WG_S;
 constexpr int NT = TW / 8;                    // 8-key n-tiles per S warp
 constexpr int MT = ROWS / 16;                 // 16-row m-tiles per PV warp (all rows)
 constexpr int DV_W = DV / WARPS;              // value columns per PV warp
@@ -114,6 +129,9 @@ constexpr int SMEM_BYTES = OFF_INVL + ROWS * 4;
 constexpr int COMBINE_THREADS = 256;
 constexpr int COMBINE_ROWS = COMBINE_THREADS / 32;      // one warp per output row
 
+static_assert(!WG_S || (ROWS == 64 && KV_T == 64 && TW == 32 && WARPS == 8 && OFF_KV % 1024 == 0 &&
+                        KV_TILE_BYTES % 1024 == 0), "wgmma S: two warpgroups x (64 rows x 32 keys), 1 KB atoms");
+static_assert(DV_W == 64, "PV warp = one 64-column block of V");
 static_assert(SPLIT_D ? (ROWS == 64 && TW == 32 && WARPS == 8) : (WARPS / S_WN) * 16 == ROWS,
               "S warps must cover the query rows");
 static_assert(!SPLIT_D || P_BYTES >= (WARPS / 2) * 2048, "split-D exchange lives in the P buffer");
@@ -154,10 +172,11 @@ __device__ __forceinline__ void load_rows(uint32_t s_tile, const uint16_t* src_r
     const int row = tid / TPR;
     const int lc = tid % TPR;
     const int r7 = row & 7;
-    const uint32_t dst_row = s_tile + static_cast<uint32_t>(row * ROW_BYTES);
+    const uint32_t dst_row = s_tile + static_cast<uint32_t>(row * TROW);
     const char* src = reinterpret_cast<const char*>(src_row) + lc * 16;
     const uint32_t nbytes = valid ? 16u : 0u;
     if constexpr (TPR % 8 == 0) {
+        static_assert(TPR % 8 != 0 || !WG_S, "TPR % 8 == 0 loader: mma.sync layout only");
         const uint32_t dst = dst_row + static_cast<uint32_t>((lc ^ r7) << 4);
 #pragma unroll
         for (int i = 0; i < CPT; ++i) {
@@ -168,7 +187,7 @@ __device__ __forceinline__ void load_rows(uint32_t s_tile, const uint16_t* src_r
         const uint32_t dst0 = dst_row + static_cast<uint32_t>((lc ^ r7) << 4);
         const uint32_t dst1 = dst_row + static_cast<uint32_t>(((lc + 4) ^ r7) << 4);
 #pragma unroll
-        for (int i = 0; i < CPT; ++i) cp_async16(((i & 1) ? dst1 : dst0) + 128 * (i >> 1), src + 64 * i, nbytes);
+        for (int i = 0; i < CPT; ++i) cp_async16(((i & 1) ? dst1 : dst0) + BLK * (i >> 1), src + 64 * i, nbytes);
     }
 }
 
@@ -205,6 +224,9 @@ extern "C" __constant__ int kdt_verify_attn_dv = va::DV;
 extern "C" __constant__ int kdt_verify_attn_page = va::PAGE;
 extern "C" __constant__ int kdt_verify_attn_combine_threads = va::COMBINE_THREADS;
 extern "C" __constant__ int kdt_verify_attn_combine_rows = va::COMBINE_ROWS;
+// 1 when S = Q K^T runs on wgmma (a cubin built for sm_90a), else 0 (mma.sync); informational only: both paths
+// have the same entry points, launch shape and smem size.
+extern "C" __constant__ int kdt_verify_attn_wgmma = va::WG_S ? 1 : 0;
 
 // ---------------------------------------------------------------------------------------------------------
 // Main kernel. grid (ceil(N*H/64), G, num_splits), block 256, dynamic smem kdt_verify_attn_smem_bytes.
@@ -218,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
                         float scale_log2e, int num_splits, int out_bf16, void* __restrict__ out,
                         float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse) {
     using namespace va;
-    extern __shared__ __align__(128) unsigned char smem[];
+    extern __shared__ __align__(1024) unsigned char smem[];  // 1 KB: wgmma swizzle atoms
 
     const int tid = threadIdx.x;
     const int warp = tid >> 5;
@@ -288,9 +310,11 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
     const int hi8 = (lane >> 3) & 1;  // lanes 8..15 / 24..31 address matrices 1,3
 
     // S role: after S (and the split-D exchange) this warp owns rows own0..own0+15, keys TW*s_cg..+TW
-    const int s_cg = warp % S_WN;
+    //   WG_S: warpgroup s_cg = warp / 4 computes keys 32*s_cg..+32 for all 64 rows; the wgmma D fragment
+    //   gives warp w rows 16*(w % 4)..+16 (no split-D exchange).
+    const int s_cg = WG_S ? warp >> 2 : warp % S_WN;
     const int s_dh = warp >> 2;                    // SPLIT_D: which half of the k16 steps
-    const int s_rg = SPLIT_D ? (warp >> 1) & 1 : warp / S_WN;  // SPLIT_D: 32-row group; else 16-row group
+    const int s_rg = SPLIT_D ? (warp >> 1) & 1 : WG_S ? (warp & 3) : warp / S_WN;  // 32-row / 16-row group
     const int own0 = SPLIT_D ? 32 * s_rg + 16 * s_dh : 16 * s_rg;
     const int rowA = own0 + gq;       // fragment rows of this thread in the CTA tile
     const int rowB = rowA + 8;
@@ -305,7 +329,10 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
     //    SPLIT_D: ks = 2j + dh, so chunk 2ks + hi = 4j + 2dh + hi and the swizzled chunk is
     //    8*(j>>1) + ((4*(j&1) + 2dh) ^ (hi ^ r7)): two per-lane offsets (j even / odd), + 128*(j>>1) immediate.
     uint32_t qaddr[4], kaddr[4];
-    if constexpr (SPLIT_D) {
+    if constexpr (WG_S) {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) qaddr[v] = kaddr[v] = 0u;  // S by wgmma descriptors (see the S phase)
+    } else if constexpr (SPLIT_D) {
 #pragma unroll
         for (int v = 0; v < 2; ++v) {
             qaddr[v] = sQ + static_cast<uint32_t>((32 * s_rg + (lane & 15)) * ROW_BYTES +
@@ -333,7 +360,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
 #pragma unroll
     for (int v = 0; v < 4; ++v) xo[v] = static_cast<uint32_t>(((2 * v + hi16) ^ r7) << 4);
     const uint32_t pbase = sP + static_cast<uint32_t>((lane & 15) * P_ROW_BYTES);
-    const uint32_t vbase = sKV + static_cast<uint32_t>((8 * hi8 + r7) * ROW_BYTES + (DV_W / 8) * warp * 16);
+    const uint32_t vbase = sKV + static_cast<uint32_t>((8 * hi8 + r7) * TROW + warp * BLK);
     // P stores of the S role: row rowA (rowB = rowA + 8 has the same swizzle), column TW*s_cg + 8*nt + 2*cq
     // -> chunk (TW/8)*s_cg + nt
     const uint32_t pst = sP + static_cast<uint32_t>(rowA * P_ROW_BYTES + 4 * cq);
@@ -359,6 +386,9 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
             page_next = k + 1 < n_pref ? __ldg(bt_row + ((k + 1) * KV_T) / PAGE) : 0;
         }
         cp_async_wait_all();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+        fence_proxy_async();  // this thread's cp.async writes (Q, tile k) -> visible to wgmma (async proxy)
+#endif
         __syncthreads();  // B0: tile k visible to all; all warps are past tile k-1
         if (STAGES == 2 && k + 1 < ke) {
             load_kv_tile(sKV + static_cast<uint32_t>((buf ^ 1) * KV_TILE_BYTES), k + 1, page_next, n_pref, plen, N,
@@ -380,6 +410,37 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
 
         // ---- S = Q K^T (fp32): s[nt][*] = rows rowA / rowB x keys TW*s_cg + 8*nt + 2*cq + {0,1}
         float s[NT][4];
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+        if constexpr (WG_S) {
+            // warpgroup s_cg: D (64 rows x keys 32*s_cg..+32) = sum over the 9 column blocks m and k16 steps kk
+            // of Q[:, 64m + 16kk..] K[32 s_cg.., 64m + 16kk..]^T; both operands K-major 128-byte swizzle.
+            float d[16];
+#pragma unroll
+            for (int e = 0; e < 16; ++e) d[e] = 0.f;
+            const uint64_t da = wgmma_desc_sw128(sQ);
+            const uint64_t db = wgmma_desc_sw128(sKV + kvoff + static_cast<uint32_t>(32 * s_cg * 128));
+#pragma unroll
+            for (int e = 0; e < 16; ++e) reg_fence(d[e]);
+            wgmma_fence();
+#pragma unroll
+            for (int m = 0; m < DQK / 64; ++m)
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) {
+                    const uint64_t off = static_cast<uint64_t>((m * BLK + 32 * kk) >> 4);
+                    wgmma_m64n32k16(d, da + off, db + off);
+                }
+            wgmma_commit();
+#pragma unroll
+            for (int e = 0; e < 16; ++e) reg_fence(d[e]);
+            wgmma_wait0();
+#pragma unroll
+            for (int e = 0; e < 16; ++e) reg_fence(d[e]);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nt][e] = d[4 * nt + e];
+        } else
+#endif
         if constexpr (SPLIT_D) {
             float acc[2][NT][4];  // 32 rows (m-tiles 0,1) x 32 keys, partial over this warp's k16 steps
 #pragma unroll
@@ -504,6 +565,8 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
         }
         if constexpr (SPLIT_D)
             __syncthreads();  // B1: row maxima; also every exchange is read before P overwrites the buffer
+        else if constexpr (WG_S)
+            named_barrier(1 + s_rg, 64);  // B1: warps w and w + 4 share rows 16*(w % 4)..+16
         else
             named_barrier(1 + s_rg, S_WN * 32);  // B1: the S_WN warps sharing rows 16*s_rg..+16
 #pragma unroll
@@ -574,7 +637,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
 #pragma unroll
             for (int np = 0; np < PV_NP; ++np) {
                 uint32_t b0, b1, b2, b3;
-                ldsm_x4_t(vbase + xo[np] + kvoff + kk * 16 * ROW_BYTES, b0, b1, b2, b3);
+                ldsm_x4_t(vbase + xo[np] + kvoff + kk * 16 * TROW, b0, b1, b2, b3);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     mma_bf16(o[mt][2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);

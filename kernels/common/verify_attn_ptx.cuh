@@ -76,3 +76,36 @@ __device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
 }
 
 }  // namespace va
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace va {
+// ---- sm_90a only: wgmma (warpgroup = 4 consecutive warps, 128 threads, all execute each call convergently).
+// Shared-memory matrix descriptor, K-major operand with the 128-byte swizzle: 8-row x 128-byte atoms
+// (1024 B, 1024-aligned), row r of an atom at +128*r with 16-byte chunk u stored at u ^ (r & 7) (the hardware
+// XORs address bits [4:6] with bits [7:9]); consecutive 8-row atoms SBO = 1024 B apart; LBO unused (1).
+// The k16 step kk inside a 64-element (128-byte) block is addressed by start address + 32*kk bytes.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t smem_addr) {
+    return static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(1u) << 16) |
+           (static_cast<uint64_t>(1024u >> 4) << 32) | (static_cast<uint64_t>(1u) << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// generic-proxy smem writes (cp.async, st.shared) -> visible to the async proxy (wgmma operand reads)
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void reg_fence(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+
+// D (64 x 32 f32) += A (64 x k16, smem desc, K-major) * B (32 x k16, smem desc, K-major)^T.
+// D fragment of thread t of the warpgroup (warp i = t/32, lane = 4*gq + cq): d[4j + e] = row 16i + gq + 8*(e/2),
+// column 8j + 2cq + (e&1), j = 0..3 (the mma.sync m16n8 C layout, repeated over the 4 n8 tiles).
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(da), "l"(db));
+}
+}  // namespace va
+#endif
