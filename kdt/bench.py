@@ -95,6 +95,7 @@ def time_eager(cp, launch: Callable[[int], None], rotate: int, runs: int = MIN_R
 
 
 def time_graph(cp, launch: Callable[[int], None], rotate: int, runs: int = MIN_RUNS) -> Timing:
+    cp.cuda.Device().synchronize()  # inputs were made on the default stream, which this one does not wait for
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         launch(0)  # outside capture: module and workspace ready

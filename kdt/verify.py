@@ -84,8 +84,14 @@ def raw(array):
 
 
 def launch_timed(spec: StageSpec, device_inputs: dict, params: dict, outputs: dict, graph: bool) -> float:
-    """One launch (or one replay of a graph that holds it); returns the GPU time in microseconds."""
+    """One launch (or one replay of a graph that holds it); returns the GPU time in microseconds.
+
+    The launch runs on its own non-blocking stream, which does not wait for the legacy default stream
+    where the inputs were uploaded and the outputs poisoned: so the device is synchronised first, or the
+    poison fill could land after the kernel (seen under compute-sanitizer, whose slower launches let the
+    fill overtake the kernel and show every output as unwritten)."""
     cp = runtime.cupy()
+    cp.cuda.Device().synchronize()
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         if graph:
