@@ -24,19 +24,26 @@
 //
 // ---------------------------------------------------------------------------------------------------------
 // Fast path, V <= 32: kdt_topk_small_{f32,bf16}_v{1,2,4,8,16,32} (VT = template bound, runtime V <= VT)
-//   launch: grid = R * S blocks (block b -> row b / S, split b % S), 256 threads, 17.5 KB static smem,
-//   __launch_bounds__(256, 3) (sm_90: 64 registers f32, 80 bf16; no spills).
+//   launch: grid = R * S blocks (block b -> row b / S, split b % S), 256 threads, 41.2 KB static smem,
+//   __launch_bounds__(256, 3) (sm_90 / sm_120: <= 80 registers, no spills; 3 blocks = 124 KB smem per SM).
 //   Each block owns the columns [split*chunk, min(vocab, (split+1)*chunk)) of its row (chunk from the
 //   launcher, a multiple of 64).  The body of the range is read with 16-byte loads (float4 / 8 x bf16), U=4
 //   loads in flight per thread, coalesced across the block (vector index = (step*U + u)*256 + tid); the
 //   unaligned head and the tail (< 16 bytes each, e.g. odd vocab) are read as scalars by lanes of warp 0.
-//   Selection: each warp keeps its exact top-VT list distributed over lanes 0..VT-1 (lane j holds entry j,
-//   sorted) and a warp-uniform threshold (entry VT-1).  A group of loads is skipped after one float compare
-//   of its maximum against the threshold (vote.any); only elements that beat it are inserted, one at a time
-//   and warp-wide (ballot rank + shfl.up shift), in any order -- the comparison carries the id, so the scan
-//   order does not matter.  While the list is not yet full the gate is a bound computed once per warp from
-//   its first loads: the VT-th largest of the 32 lane maxima (a warp bitonic sort); VT distinct elements are
-//   >= it, so nothing below it can reach the top VT.  This keeps the warm-up to ~VT + a few insertions.
+//   Selection: candidates, not insertions.  After the first loads every thread takes the maximum of its
+//   elements; the block bound is the VT-th largest of these 256 thread maxima (two __syncthreads: a warp
+//   bitonic sort of the lane maxima, then a rank test of the 8 sorted per-warp lists by binary search).
+//   VT distinct elements are >= the bound, so an element with a smaller key cannot be in the block's top VT.
+//   The hot loop is then: unpack, FMNMX to the vector maximum, the online softmax, and ONE float compare
+//   of each vector maximum against the gate (vote.any over the warp skips the whole step).  Elements that
+//   pass are appended as (key, id) to a per-warp shared buffer (SMALL_CAPW = 384 entries, per-lane shared
+//   atomics on the warp's counter; no ballots, no shuffles, no list maintenance).  Overflow guard (warp-
+//   uniform, checked before each hot vector): if the buffer could not take a full vector from every lane,
+//   the warp shrinks it to its exact top VT and tightens its gate to the (key, id) of entry VT-1 (strict:
+//   later ties with larger ids are rejected).  On realistic rows the buffer holds a few dozen entries and
+//   the guard never fires; adversarial orders (ascending rows, all-equal rows) stay correct, only slower.
+//   At the end each warp selects its sorted top VT from its buffer by rank (entry rank = number of better
+//   entries; ids are unique, so the ranks are a permutation).
 //   Merge: the 8 warp lists -> block top-VT by rank (each entry's rank = its index + a binary search in each
 //   other sorted list; equal keys only occur for empty slots, ordered by list index), ditto for (m, s).
 //   S == 1: the block writes the outputs.  S > 1: the block writes its top-VT and (m, s) to the workspace,
@@ -88,7 +95,6 @@ static_assert(GEN_BINS % GEN_THREADS == 0, "bins per thread");
 static_assert(MAX_V <= GEN_THREADS * 2, "bitonic sort: one pair per thread and pass loop");
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-__device__ __forceinline__ float qnan() { return __int_as_float(0x7fffffff); }
 
 // 2^x, MUFU.EX2 (max rel. error 2 ulp; 2^-inf = +0).
 __device__ __forceinline__ float ex2(float x) {
@@ -162,52 +168,71 @@ template <> struct Elem<uint16_t> {
     }
 };
 
-// ---- warp-distributed exact top-VT list ---------------------------------------------------------------
-template <int VT>
-struct WarpTop {
-    uint32_t lk, li;     // this lane's entry (lanes < VT); empty = (0, ~0)
-    uint32_t tk, ti;     // entry VT-1 (warp-uniform): the threshold
-    float gate;          // float pre-filter: x < gate cannot enter (NaN: everything may)
-    float bound;         // gate while the list is not full
+// ---- per-warp candidate buffer ------------------------------------------------------------------------
+// Each warp appends the elements that pass its gate to its own shared-memory buffer buf[0 .. *cnt) of
+// (key, id) pairs (per-lane shared atomics on the warp's counter, only on the rare hot path).  The gate is
+// the pair (gk, gi): an element (k, id) is a candidate iff better(k, id, gk, gi); gi = ~0 admits key ties.
+// gf is the float image of gk for the one-compare group pre-test (x >= gf; -inf when gk == 0).
+constexpr int SMALL_CAPW = 384;     // buffer entries per warp
 
-    __device__ __forceinline__ void init() { lk = 0u; li = ~0u; tk = 0u; ti = ~0u; gate = qnan(); bound = qnan(); }
-
-    // Warp-uniform: insert (ck, ci), known to beat entry VT-1.
-    __device__ __forceinline__ void insert(uint32_t ck, uint32_t ci, int lane) {
-        const bool eb = (lane < VT) && better(lk, li, ck, ci);
-        const int pos = __popc(__ballot_sync(FULL, eb));
-        const uint32_t uk = __shfl_up_sync(FULL, lk, 1);
-        const uint32_t ui = __shfl_up_sync(FULL, li, 1);
-        if (lane < VT) {
-            if (lane == pos) { lk = ck; li = ci; }
-            else if (lane > pos) { lk = uk; li = ui; }
-        }
-        tk = __shfl_sync(FULL, lk, VT - 1);
-        ti = __shfl_sync(FULL, li, VT - 1);
-        gate = tk ? key2f(tk) : bound;
-    }
-
-    // Warp-uniform: every lane offers at most one element (x, id) (offer = false: none).
-    __device__ __forceinline__ void offer(float x, uint32_t id, bool offer, int lane) {
-        const uint32_t k = f2key(x);
-        bool c = offer && !(x < gate) && better(k, id, tk, ti);
-        uint32_t bal = __ballot_sync(FULL, c);
-        while (bal) {
-            const int src = __ffs(bal) - 1;
-            const uint32_t ck = __shfl_sync(FULL, k, src);
-            const uint32_t ci = __shfl_sync(FULL, id, src);
-            insert(ck, ci, lane);
-            c = c && (lane != src) && better(k, id, tk, ti);
-            bal = __ballot_sync(FULL, c);
-        }
+struct Gate {
+    uint32_t gk, gi;
+    float gf;
+    __device__ __forceinline__ void set(uint32_t k, uint32_t i) {
+        gk = k;
+        gi = i;
+        gf = k ? key2f(k) : neg_inf();
     }
 };
 
-// One group of NV vectors of VW elements per lane: online softmax statistics + top-VT selection.
+// Warp-synchronous: the top-VT (best first) of buf[0 .. n) -> out_k/out_i[0 .. VT) (empty slots (0, ~0)).
+// Rank of an entry = number of entries better than it (ids are unique: a permutation).
+template <int VT>
+__device__ __forceinline__ void warp_select(const uint2* buf, uint32_t n, uint32_t* out_k, uint32_t* out_i, int lane) {
+    for (uint32_t r = (uint32_t)lane; r < (uint32_t)VT; r += 32) {
+        out_k[r] = 0u;
+        out_i[r] = ~0u;
+    }
+    __syncwarp();
+    for (uint32_t e = (uint32_t)lane; e < n; e += 32) {
+        const uint2 c = buf[e];
+        uint32_t rank = 0;
+        for (uint32_t j = 0; j < n; ++j) {
+            const uint2 o = buf[j];
+            rank += better(o.x, o.y, c.x, c.y) ? 1u : 0u;
+        }
+        if (rank < (uint32_t)VT) {
+            out_k[rank] = c.x;
+            out_i[rank] = c.y;
+        }
+    }
+    __syncwarp();
+}
+
+// Warp-synchronous overflow guard: if the buffer could not take another full vector from every lane,
+// shrink it to its top VT (via the scratch list out_k/out_i) and tighten the gate to its entry VT-1.
+template <int VT, int VW>
+__device__ __forceinline__ void warp_compact(uint2* buf, uint32_t* cnt, uint32_t* out_k, uint32_t* out_i, Gate& g,
+                                          int lane) {
+    const uint32_t n = *cnt;
+    warp_select<VT>(buf, n, out_k, out_i, lane);
+    for (int r = lane; r < VT; r += 32) buf[r] = make_uint2(out_k[r], out_i[r]);
+    const uint32_t nk = n < (uint32_t)VT ? n : (uint32_t)VT;
+    if (n >= (uint32_t)VT) {
+        const uint32_t tk = out_k[VT - 1], ti = out_i[VT - 1];
+        if (better(tk, ti, g.gk, g.gi)) g.set(tk, ti);
+    }
+    __syncwarp();
+    if (lane == 0) *cnt = nk;
+    __syncwarp();
+}
+
+// One group of NV vectors of VW elements per lane: online softmax statistics + candidate collection.
 // Invalid vectors hold -inf (harmless for (m, s)) and are excluded from selection by valid[].
 template <int VT, int NV, int VW>
 __device__ __forceinline__ void process_group(float (&x)[NV][VW], const bool (&valid)[NV], const uint32_t (&base)[NV],
-                                              float& m, float& s, WarpTop<VT>& top, int lane) {
+                                              float& m, float& s, Gate& g, uint2* buf, uint32_t* cnt,
+                                              uint32_t* out_k, uint32_t* out_i, int lane) {
     float vm[NV];
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
@@ -232,14 +257,24 @@ __device__ __forceinline__ void process_group(float (&x)[NV][VW], const bool (&v
 
     bool hot_any = false;
 #pragma unroll
-    for (int u = 0; u < NV; ++u) hot_any |= valid[u] && !(vm[u] < top.gate);
-    if (__any_sync(FULL, hot_any)) {
+    for (int u = 0; u < NV; ++u) hot_any |= valid[u] && vm[u] >= g.gf;
+    if (__any_sync(FULL, hot_any)) {                       // rare: some lane holds a candidate
 #pragma unroll
         for (int u = 0; u < NV; ++u) {
-            const bool hot = valid[u] && !(vm[u] < top.gate);
+            const bool hot = valid[u] && vm[u] >= g.gf;
             if (__any_sync(FULL, hot)) {
+                // one read, broadcast: warp-uniform, and taken before any lane appends
+                if (__shfl_sync(FULL, *cnt, 0) > (uint32_t)(SMALL_CAPW - 32 * VW))
+                    warp_compact<VT, VW>(buf, cnt, out_k, out_i, g, lane);
+                if (hot) {
 #pragma unroll
-                for (int e = 0; e < VW; ++e) top.offer(x[u][e], base[u] + (uint32_t)e, hot, lane);
+                    for (int e = 0; e < VW; ++e) {
+                        const uint32_t k = f2key(x[u][e]);
+                        const uint32_t id = base[u] + (uint32_t)e;
+                        if (better(k, id, g.gk, g.gi)) buf[atomicAdd(cnt, 1u)] = make_uint2(k, id);
+                    }
+                }
+                __syncwarp();
             }
         }
     }
@@ -256,7 +291,8 @@ __device__ __forceinline__ void rank_merge(const uint32_t* lk, const uint32_t* l
         const int i = e - l * VT;
         const uint32_t ck = lk[e], ci = li[e];
         int rank = i;
-        for (int l2 = 0; l2 < L && rank < VT; ++l2) {
+#pragma unroll 4
+        for (int l2 = 0; l2 < L; ++l2) {
             if (l2 == l) continue;
             const uint32_t* bk = lk + l2 * VT;
             const uint32_t* bi = li + l2 * VT;
@@ -298,6 +334,9 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
     __shared__ uint32_t s_ti[VT];
     __shared__ float s_stat[2];
     __shared__ int s_last;
+    __shared__ uint2 s_buf[SMALL_WARPS * SMALL_CAPW];
+    __shared__ uint32_t s_cnt[SMALL_WARPS];
+    __shared__ uint32_t s_bound;
 
     if (V < 1 || V > VT || S < 1 || S > MAX_SPLITS || S * VT > MERGE_CAP) return;   // launcher bug guard
 
@@ -322,8 +361,11 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
     const int nsteps = (nv + T * U - 1) / (T * U);
 
     float m = -FLT_MAX, s = 0.0f;
-    WarpTop<VT> top;
-    top.init();
+    uint2* buf = s_buf + warp * SMALL_CAPW;
+    uint32_t* cnt = &s_cnt[warp];
+    uint32_t* wk = s_k + warp * VT;      // per-warp list slot (scratch during the scan, result at the end)
+    uint32_t* wi = s_i + warp * VT;
+    if (tid < SMALL_WARPS) s_cnt[tid] = 0u;
 
     float x[U][VW];
     bool valid[U];
@@ -342,20 +384,23 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
         for (int u = 0; u < U; ++u) E::unpack(v[u], x[u]);
     };
 
-    // ---- warm-up: first loads + head/tail, then the per-warp bound
+    // ---- warm-up: first loads + head/tail, then the block bound
     load_step(0);
     float hx[1][1] = {{neg_inf()}};
     const bool hv[1] = {warp == 0 && lane < nht};
     const uint32_t hb[1] = {(uint32_t)(lane < nhead ? lo + lane : a1 + (lane - nhead))};
     if (hv[0]) hx[0][0] = E::load1(rp + hb[0]);
+    Gate g;
     {
+        // bound = the VT-th largest key of the block's thread maxima (0: fewer than VT threads hold an
+        // element).  VT distinct elements are >= it, so an element with a smaller key is not in the top VT.
         float lm = hx[0][0];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
 #pragma unroll
             for (int e = 0; e < VW; ++e) lm = fmaxf(lm, x[u][e]);
         }
-        uint32_t v = (hv[0] || valid[0]) ? f2key(lm) : 0u;   // 0: lane holds no element
+        uint32_t v = (hv[0] || valid[0]) ? f2key(lm) : 0u;   // 0: thread holds no element
 #pragma unroll
         for (int k = 2; k <= 32; k <<= 1) {                   // bitonic sort, descending over lanes
 #pragma unroll
@@ -366,16 +411,36 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
                 v = (low == desc) ? max(v, o) : min(v, o);
             }
         }
-        const uint32_t bk = __shfl_sync(FULL, v, VT - 1);
-        top.bound = bk ? key2f(bk) : qnan();
-        top.gate = top.bound;
+        if (lane < VT) s_k[warp * VT + lane] = v;
+        __syncthreads();
+        if (tid < SMALL_WARPS * VT) {                        // is entry tid the VT-th largest of the lists?
+            const uint32_t e = s_k[tid];
+            int gt = 0, ge = 0;
+#pragma unroll
+            for (int l = 0; l < SMALL_WARPS; ++l) {
+                const uint32_t* L = s_k + l * VT;
+                int p = 0, q = 0;
+#pragma unroll
+                for (int st = VT / 2; st > 0; st >>= 1) {
+                    if (L[p + st - 1] > e) p += st;
+                    if (L[q + st - 1] >= e) q += st;
+                }
+                gt += p + (L[p] > e ? 1 : 0);
+                ge += q + (L[q] >= e ? 1 : 0);
+            }
+            if (gt < VT && ge >= VT) s_bound = e;            // all writers write the same value
+        }
+        __syncthreads();
+        g.set(s_bound, ~0u);
     }
-    process_group<VT, 1, 1>(hx, hv, hb, m, s, top, lane);
-    process_group<VT, U, VW>(x, valid, base, m, s, top, lane);
+    process_group<VT, 1, 1>(hx, hv, hb, m, s, g, buf, cnt, wk, wi, lane);
+    process_group<VT, U, VW>(x, valid, base, m, s, g, buf, cnt, wk, wi, lane);
     for (int step = 1; step < nsteps; ++step) {
         load_step(step);
-        process_group<VT, U, VW>(x, valid, base, m, s, top, lane);
+        process_group<VT, U, VW>(x, valid, base, m, s, g, buf, cnt, wk, wi, lane);
     }
+    __syncwarp();
+    warp_select<VT>(buf, *cnt, wk, wi, lane);                // this warp's sorted top VT -> s_k/s_i slot
 
     // ---- block merge
 #pragma unroll
@@ -385,7 +450,6 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
         stat_merge(m, s, om, os);
     }
     if (lane == 0) { s_m[warp] = m; s_s[warp] = s; }
-    if (lane < VT) { s_k[warp * VT + lane] = top.lk; s_i[warp * VT + lane] = top.li; }
     __syncthreads();
     rank_merge<VT>(s_k, s_i, SMALL_WARPS, s_tk, s_ti, tid, T);
     if (warp == 0) {
