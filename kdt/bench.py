@@ -10,6 +10,7 @@ run: the CPU reference, and the obvious PyTorch version where PyTorch is install
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import statistics
@@ -41,6 +42,7 @@ class BenchShape:
     flops: int = 0
     cpu_baseline: bool = True                # run the reference on the CPU as a baseline (small shapes only)
     size: int = 0                            # x axis of the plot (defaults to bytes_moved)
+    size_label: str = "bytes moved (model)"  # what `size` counts
 
 
 @dataclass
@@ -59,6 +61,7 @@ class ShapeResult:
     bytes_moved: int
     flops: int
     size: int
+    size_label: str
     eager: Timing
     graph: Timing | None
     headline_us: float
@@ -116,6 +119,14 @@ def time_graph(cp, launch: Callable[[int], None], rotate: int, runs: int = MIN_R
 
 
 def bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool = True, baselines: bool = True) -> ShapeResult:
+    """Time one shape; its buffers (gigabytes for long prefixes) go back to the driver before the next."""
+    try:
+        return _bench_shape(spec, shape, peaks, graph, baselines)
+    finally:
+        runtime.cupy().get_default_memory_pool().free_all_blocks()
+
+
+def _bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool, baselines: bool) -> ShapeResult:
     cp = runtime.cupy()
     first = shape.make_inputs(cp)
     set_bytes = sum(_nbytes(v) for v in first.values())
@@ -135,7 +146,7 @@ def bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool = True, b
     gbps = shape.bytes_moved / headline / 1e3
     tflops = shape.flops / headline / 1e6 if shape.flops else 0.0
     result = ShapeResult(spec.name, shape.name, params, shape.bytes_moved, shape.flops, shape.size or shape.bytes_moved,
-                         eager, graphed, headline, gbps, 100 * gbps / peaks.copy_gbps, tflops,
+                         shape.size_label if shape.size else "bytes moved (model)", eager, graphed, headline, gbps, 100 * gbps / peaks.copy_gbps, tflops,
                          100 * tflops / peaks.matmul_tflops if shape.flops else 0.0)
     if baselines and shape.cpu_baseline:
         host = {k: verify.download(v) for k, v in first.items()}
@@ -147,16 +158,12 @@ def bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool = True, b
             samples.append((time.perf_counter() - started) * 1e6)
         result.cpu_reference_us = statistics.median(samples)
     if baselines and spec.torch_baseline is not None:
-        try:
-            import torch  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("torch") is None:
             result.notes.append("PyTorch not installed: no PyTorch baseline")
         else:
             run_torch = spec.torch_baseline(first, params)
             if run_torch is not None:
                 result.torch_us = time_eager(cp, lambda i: run_torch(), 1, BASELINE_RUNS).median_us
-    del input_sets, outputs
-    cp.get_default_memory_pool().free_all_blocks()
     return result
 
 
@@ -193,14 +200,14 @@ def plot(results: list[ShapeResult], path) -> None:
     figure, axes = plt.subplots(1, len(kernels), figsize=(5 * len(kernels), 4), squeeze=False)
     for axis, kernel in zip(axes[0], kernels):
         mine = sorted((r for r in results if r.kernel == kernel), key=lambda r: r.size)
-        axis.loglog([r.size for r in mine], [r.headline_us for r in mine], "o-", label="kdt (graph)")
+        axis.loglog([r.size for r in mine], [r.headline_us for r in mine], "o-", label="kdt (graph mode under 200 us)")
         if any(r.cpu_reference_us for r in mine):
             axis.loglog([r.size for r in mine if r.cpu_reference_us], [r.cpu_reference_us for r in mine if r.cpu_reference_us],
                         "s--", label="CPU reference")
         if any(r.torch_us for r in mine):
             axis.loglog([r.size for r in mine if r.torch_us], [r.torch_us for r in mine if r.torch_us], "^--", label="PyTorch")
         axis.set_title(kernel)
-        axis.set_xlabel("bytes moved (model)")
+        axis.set_xlabel(mine[0].size_label if mine else "")
         axis.set_ylabel("time per launch (us)")
         axis.grid(True, which="both", alpha=0.3)
         axis.legend()

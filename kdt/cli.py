@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -244,10 +245,8 @@ def bench_command(kernels: list[str] = typer.Argument(..., help="a kernel name o
         except (OSError, ValueError) as error:
             raise BadInput("--baseline", "a JSON file written by kdt bench --json", f"{baseline} ({error})") from None
     if plot_file is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise KdtExit(EXIT_ENVIRONMENT, "--plot needs matplotlib: python3 -m pip install -e '.[plot]'") from None
+        if importlib.util.find_spec("matplotlib") is None:
+            raise KdtExit(EXIT_ENVIRONMENT, "--plot needs matplotlib: python3 -m pip install -e '.[plot]'")
     runtime.cupy()
     for spec in specs:
         build.build(spec, runtime.device_arch())

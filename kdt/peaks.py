@@ -50,7 +50,7 @@ def measure() -> Peaks:
     source = cp.random.random(COPY_BYTES // 4, dtype=cp.float32)
     target = cp.empty_like(source)
     copy_ms = _median_ms(cp, lambda: target.data.copy_from_device_async(source.data, COPY_BYTES))
-    del source, target
+    source = target = None  # release the copy buffers before the matmul
     flops = 2 * MATMUL_SIZE**3
     try:
         import torch

@@ -18,9 +18,10 @@ the one-time check of the module's exported constants (first launch with a given
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
+
+from kdt.launch.common import is_capturing, kernel_constants, sm_count
 
 try:  # the package may be imported on a machine without CuPy (spec checks, docs)
     import cupy as cp
@@ -51,8 +52,6 @@ _CONSTS = {
     "kdt_topk_max_v": MAX_V,
     "kdt_topk_max_vocab": MAX_VOCAB,
 }
-_checked_modules: dict[int, object] = {}
-_sm_counts: dict[int, int] = {}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -61,15 +60,6 @@ def _cdiv(a: int, b: int) -> int:
 
 def _align256(n: int) -> int:
     return (n + 255) & ~255
-
-
-def _sm_count() -> int:
-    dev = cp.cuda.Device()
-    n = _sm_counts.get(dev.id)
-    if n is None:
-        n = int(dev.attributes["MultiProcessorCount"])
-        _sm_counts[dev.id] = n
-    return n
 
 
 def _vt(V: int) -> int | None:
@@ -115,24 +105,17 @@ def workspace_nbytes(shapes: dict, params: dict) -> int:
     if rows == 0:
         return 0
     _check_args(rows, vocab, V)
-    vt, S, _ = plan(rows, vocab, V, _sm_count())
+    vt, S, _ = plan(rows, vocab, V, sm_count())
     return _ws_bytes(rows, S, vt)
 
 
 def _check_module(module) -> None:
-    if id(module) in _checked_modules:
+    """The launcher's copies of the kernel's constants must be the kernel's (they shape the launch)."""
+    if is_capturing():  # a device read cannot be captured: checked on the next uncaptured launch instead
         return
-    try:  # a device read cannot run inside CUDA-graph capture: check on the next uncaptured launch instead
-        if cp.cuda.get_current_stream().is_capturing():
-            return
-    except AttributeError:  # pragma: no cover (old CuPy)
-        pass
-    for name, want in _CONSTS.items():
-        ptr = module.get_global(name)
-        got = int(cp.ndarray((1,), dtype=cp.int32, memptr=ptr).get()[0])
-        if got != want:
-            raise RuntimeError(f"topk: kernel constant {name}={got} but the launcher assumes {want}")
-    _checked_modules[id(module)] = module  # keep it alive so the id is not reused
+    for name, got in kernel_constants(module, "", _CONSTS).items():
+        if got != _CONSTS[name]:
+            raise RuntimeError(f"topk: kernel constant {name}={got} but the launcher assumes {_CONSTS[name]}")
 
 
 def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None:
@@ -165,7 +148,7 @@ def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None
         return
     _check_module(module)
 
-    vt, S, chunk = plan(rows, vocab, V, _sm_count())
+    vt, S, chunk = plan(rows, vocab, V, sm_count())
     if vt is None:
         fn = module.get_function(f"kdt_topk_general_{sfx}")
         fn((rows,), (GENERAL_THREADS,), (logits, top_ids, top_logp, np.int32(vocab), np.int32(V)))

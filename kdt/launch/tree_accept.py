@@ -13,10 +13,10 @@ module on first use (a first call must therefore not be inside a graph capture: 
 
 from __future__ import annotations
 
-import ctypes
 
 import numpy as np
 
+from kdt.launch.common import kernel_constants, sm_count
 from refs.errors import BadInput
 
 _PREFIX = "kdt_tree_accept_"
@@ -27,7 +27,6 @@ _OUTPUTS = ("accept_len", "accept_index", "accept_tokens")
 _MAX_BLOCKS = 2**31 - 1
 
 _modules: dict[int, tuple[object, dict]] = {}  # id(module) -> (module, constants and functions)
-_sm_counts: dict[int, int] = {}
 
 
 def _cupy():
@@ -36,42 +35,16 @@ def _cupy():
     return cupy
 
 
-def _is_capturing() -> bool:
-    stream = _cupy().cuda.get_current_stream()
-    probe = getattr(stream, "is_capturing", None)
-    try:
-        return bool(probe()) if probe is not None else False
-    except Exception:  # an older CuPy or driver without the query: assume not capturing
-        return False
-
-
 def _module_info(module) -> dict:
     """The kernel's launch constants (read once from its __constant__ symbols) and entry points."""
     entry = _modules.get(id(module))
     if entry is not None and entry[0] is module:
         return entry[1]
-    if _is_capturing():
-        raise RuntimeError("tree-accept: the first launch with a module reads its launch constants from the "
-                           "device and cannot be graph-captured; launch once before capturing")
-    info: dict = {}
-    host = np.zeros(1, np.int32)
-    for name in _CONSTANTS:
-        pointer = module.get_global(_PREFIX + name)
-        pointer.copy_to_host(host.ctypes.data_as(ctypes.c_void_p), host.nbytes)
-        info[name] = int(host[0])
+    info: dict = dict(kernel_constants(module, _PREFIX, _CONSTANTS))
     info["predict"] = module.get_function(_PREDICT_KERNEL)
     info["logits"] = module.get_function(_LOGITS_KERNEL)
     _modules[id(module)] = (module, info)  # the reference keeps id(module) from being reused
     return info
-
-
-def _sm_count() -> int:
-    device = _cupy().cuda.Device()
-    count = _sm_counts.get(device.id)
-    if count is None:
-        count = int(device.attributes["MultiProcessorCount"])
-        _sm_counts[device.id] = count
-    return count
 
 
 def _logits_bf16(logits, params: dict) -> bool:
@@ -91,7 +64,7 @@ def _splits(rows: int, vocab: int, elem_size: int, info: dict) -> int:
     split_min_vectors 16-byte vectors. G = N = 64 (4096 rows) gives 1."""
     vectors = vocab * elem_size // 16
     most = max(1, vectors // info["split_min_vectors"])
-    wanted = -(-2 * _sm_count() * info["argmax_min_blocks"] // rows)
+    wanted = -(-2 * sm_count() * info["argmax_min_blocks"] // rows)
     return max(1, min(most, wanted, _MAX_BLOCKS // rows))
 
 

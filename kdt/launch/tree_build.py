@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kdt.launch.common import kernel_constants
+
 _PREFIX = "kdt_tree_build_"
 _CONSTANTS = ("threads", "smem_budget", "smem_slot_bytes", "smem_header_bytes", "max_budget", "max_depth",
               "max_fanout")
@@ -22,17 +24,10 @@ _DEFAULT_SMEM = 48 * 1024
 _STATE: dict[int, tuple[object, dict]] = {}
 
 
-def _read_constant(module, name: str) -> int:
-    import cupy
-
-    pointer = module.get_global(_PREFIX + name)
-    return int(cupy.ndarray((1,), dtype=cupy.int32, memptr=pointer).get()[0])
-
-
 def _state(module) -> dict:
     entry = _STATE.get(id(module))
     if entry is None or entry[0] is not module:
-        constants = {name: _read_constant(module, name) for name in _CONSTANTS}
+        constants = kernel_constants(module, _PREFIX, _CONSTANTS)
         entry = (module, {"constants": constants, "functions": {}})   # name -> [function, smem limit set]
         _STATE[id(module)] = entry
     return entry[1]

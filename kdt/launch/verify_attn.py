@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 
+from kdt.launch.common import kernel_constants, sm_count
 from refs.errors import BadInput
 
 ROWS = 64                    # query rows (slot, head) per CTA; checked against kdt_verify_attn_rows
@@ -33,7 +34,6 @@ COMBINE = "kdt_verify_attn_combine"
 _CONSTANTS = ("threads", "rows", "kv_tile", "smem_bytes", "dqk", "dv", "page", "combine_threads", "combine_rows")
 
 _modules: dict[int, tuple[object, dict]] = {}   # id(module) -> (module, constants and functions)
-_multiprocessors: dict[int, int] = {}
 
 
 def _check_dims(key_dim: int, d_v: int) -> None:
@@ -41,20 +41,6 @@ def _check_dims(key_dim: int, d_v: int) -> None:
         raise BadInput("q", f"Dqk = {KEY_DIM} (the verify-attn kernel supports the MLA shape 576/512 only)", key_dim)
     if d_v != VALUE_DIM:
         raise BadInput("d_v", f"{VALUE_DIM} (the verify-attn kernel supports the MLA shape 576/512 only)", d_v)
-
-
-def _sm_count() -> int:
-    try:
-        import cupy
-
-        device = cupy.cuda.Device()
-        count = _multiprocessors.get(device.id)
-        if count is None:
-            count = int(device.attributes["MultiProcessorCount"])
-            _multiprocessors[device.id] = count
-        return count
-    except Exception:  # no CuPy / no device (sizing a workspace offline): the H100/H200 count
-        return DEFAULT_MULTIPROCESSORS
 
 
 def num_splits(shapes: dict[str, tuple[int, ...]], multiprocessors: int | None = None) -> int:
@@ -65,7 +51,7 @@ def num_splits(shapes: dict[str, tuple[int, ...]], multiprocessors: int | None =
     base = groups * math.ceil(slots * heads / ROWS)
     if base == 0:
         return 1
-    sms = multiprocessors or _sm_count()
+    sms = multiprocessors or sm_count(default=DEFAULT_MULTIPROCESSORS)
     if base >= sms:
         return 1
     return max(1, min(sms // base, max_pages // MIN_PAGES_PER_SPLIT))
@@ -86,13 +72,7 @@ def _kernels(module) -> dict:
     entry = _modules.get(id(module))
     if entry is not None and entry[0] is module:
         return entry[1]
-    import cupy
-
-    def constant(name: str) -> int:
-        pointer = module.get_global(f"kdt_verify_attn_{name}")
-        return int(cupy.ndarray((1,), cupy.int32, memptr=pointer).get()[0])
-
-    found = {name: constant(name) for name in _CONSTANTS}
+    found = kernel_constants(module, "kdt_verify_attn_", _CONSTANTS)
     expected = {"rows": ROWS, "dqk": KEY_DIM, "dv": VALUE_DIM, "page": PAGE_SIZE}
     for name, value in expected.items():
         if found[name] != value:

@@ -253,7 +253,7 @@ def bench_shapes(quick: bool):
         moved = groups * (budget + 1) * 4 * 4 + groups * 4 * (1 + 2 * 16)
         return BenchShape(f"predict_G{groups}_N{budget + 1}",
                           lambda cp: upload_host(cp, {**host, "target_predict": predict}), {"max_depth": 15},
-                          moved, size=groups * (budget + 1))
+                          moved)
 
     def logits_shape(groups, budget, vocab, dtype):
         host, _ = tree_inputs(groups, budget, 2)
@@ -266,8 +266,7 @@ def bench_shapes(quick: bool):
             return device
 
         return BenchShape(f"logits_G{groups}_N{budget + 1}_vocab{vocab}_{dtype}", make, {"max_depth": 15},
-                          groups * (budget + 1) * (vocab * itemsize + 12), cpu_baseline=False,
-                          size=groups * (budget + 1) * vocab)
+                          groups * (budget + 1) * (vocab * itemsize + 12), cpu_baseline=False)
 
     shapes = [predict_shape(256, 255), logits_shape(64, 63, 163840, "bf16")]
     if not quick:

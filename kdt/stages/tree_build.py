@@ -168,7 +168,7 @@ def bench_shapes(quick: bool):
         moved = groups * depth * fanout * 8 + groups * slots * (8 * 4 + reference.mask_words(slots) * 4) + groups * 4
         return BenchShape(f"G{groups}_K{depth}_V{fanout}_B{budget}",
                           lambda cp: upload_host(cp, {"top_logp": lp, "top_ids": ids}), {"budget": budget}, moved,
-                          size=budget)
+                          size=budget, size_label="budget B")
 
     budgets = (16, 255) if quick else (16, 32, 64, 128, 255, 512, 1023)
     shapes = [shape(64, 15, 8, budget) for budget in budgets]

@@ -198,7 +198,8 @@ def bench_shapes(quick: bool):
         return BenchShape(f"G{groups}_H{heads}_N{slots}_prefix{prefix}",
                           lambda cp: _device_inputs(cp, groups, heads, slots, prefix, seed=groups + heads + slots),
                           {"softmax_scale": float(1.0 / np.sqrt(KEY_DIM)), "d_v": VALUE_DIM, "out_dtype": "float32"},
-                          moved, flops, cpu_baseline=False, size=flops)
+                          moved, flops, cpu_baseline=False, size=flops,
+                          size_label="flops (model)")
 
     headline = [shape(1, 64, 256, 32768), shape(8, 8, 8, 131072)]
     if quick:
