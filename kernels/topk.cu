@@ -127,6 +127,20 @@ __device__ __forceinline__ void stat_merge(float& m, float& s, float om, float o
     m = M;
 }
 
+// Warp 0 folds the per-warp (max, sum of exp) partials of a block into s_stat[0..1].
+template <int WARPS>
+__device__ __forceinline__ void fold_warp_stats(const float* s_m, const float* s_s, float* s_stat, int lane) {
+    float bm = lane < WARPS ? s_m[lane] : -FLT_MAX;
+    float bs = lane < WARPS ? s_s[lane] : 0.0f;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float om = __shfl_xor_sync(FULL, bm, off);
+        const float os = __shfl_xor_sync(FULL, bs, off);
+        stat_merge(bm, bs, om, os);
+    }
+    if (lane == 0) { s_stat[0] = bm; s_stat[1] = bs; }
+}
+
 template <int N>
 __device__ __forceinline__ float tree_sum(float (&a)[N]) {
 #pragma unroll
@@ -452,17 +466,7 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
     if (lane == 0) { s_m[warp] = m; s_s[warp] = s; }
     __syncthreads();
     rank_merge<VT>(s_k, s_i, SMALL_WARPS, s_tk, s_ti, tid, T);
-    if (warp == 0) {
-        float bm = lane < SMALL_WARPS ? s_m[lane] : -FLT_MAX;
-        float bs = lane < SMALL_WARPS ? s_s[lane] : 0.0f;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const float om = __shfl_xor_sync(FULL, bm, off);
-            const float os = __shfl_xor_sync(FULL, bs, off);
-            stat_merge(bm, bs, om, os);
-        }
-        if (lane == 0) { s_stat[0] = bm; s_stat[1] = bs; }
-    }
+    if (warp == 0) fold_warp_stats<SMALL_WARPS>(s_m, s_s, s_stat, lane);
     __syncthreads();
 
     if (S > 1) {
@@ -633,17 +637,7 @@ __device__ __forceinline__ void general_impl(const Tin* __restrict__ logits, int
     }
     if (lane == 0) { s_m[warp] = m; s_s[warp] = s; }
     __syncthreads();
-    if (warp == 0) {
-        float bm = lane < GEN_WARPS ? s_m[lane] : -FLT_MAX;
-        float bs = lane < GEN_WARPS ? s_s[lane] : 0.0f;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const float om = __shfl_xor_sync(FULL, bm, off);
-            const float os = __shfl_xor_sync(FULL, bs, off);
-            stat_merge(bm, bs, om, os);
-        }
-        if (lane == 0) { s_stat[0] = bm; s_stat[1] = bs; }
-    }
+    if (warp == 0) fold_warp_stats<GEN_WARPS>(s_m, s_s, s_stat, lane);
     // (the __syncthreads inside block_excl_scan orders s_stat and hist)
 
     // radix select on the composite: nb bits fixed (= prefix P), `need` still wanted among its elements

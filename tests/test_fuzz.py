@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 
 import numpy as np
 import pytest
-import typer
+
+from tests.cli_run import run_kdt_cli
 
 from kdt import fuzz, golden, stages
 from kdt.spec import Case
@@ -382,23 +382,8 @@ def test_failure_signatures():
 # --- the command ----------------------------------------------------------------------------------------
 
 def run_kdt(monkeypatch, capsys, *args):
-    """`kdt ARGS` in this process, through kdt.cli.main (exit codes, error messages), with the fuzz and
-    sanitize commands registered as the lead wires them."""
-    import kdt.cli as cli
-    from kdt import console as console_module
-    from kdt.cli_stress import fuzz_command, sanitize_command
-
-    app = typer.Typer(add_completion=False)
-    app.command("fuzz")(fuzz_command)
-    app.command("sanitize")(sanitize_command)
-    monkeypatch.setattr(cli, "app", app)
-    monkeypatch.setattr(sys, "argv", ["kdt", *args])
-    for console in (console_module.console, console_module.errors):
-        monkeypatch.setattr(console, "_width", 250)
-    with pytest.raises(SystemExit) as done:
-        cli.main()
-    captured = capsys.readouterr()
-    return done.value.code, captured.out, captured.err
+    """`kdt ARGS` through the real app, where fuzz and sanitize are registered."""
+    return run_kdt_cli(monkeypatch, capsys, *args)
 
 
 def test_fuzz_command_reports_saves_and_exits_1(tmp_path, monkeypatch, capsys):

@@ -15,6 +15,8 @@ import h5py
 import numpy as np
 import pytest
 
+from tests.cli_run import run_kdt_cli
+
 from kdt import build, golden, runtime, stages, toolkit
 from kdt.spec import Case
 from refs.errors import BadInput
@@ -28,20 +30,6 @@ def words(text: str) -> str:
 def kdt_subprocess(*args, cwd, env=None):
     return subprocess.run([sys.executable, "-m", "kdt", *args], capture_output=True, text=True, cwd=cwd,
                           env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=300)
-
-
-def run_kdt_cli(monkeypatch, capsys, *args):
-    """`kdt ARGS` through the real kdt.cli app and main()."""
-    import kdt.cli as cli
-    from kdt import console as console_module
-
-    monkeypatch.setattr(sys, "argv", ["kdt", *args])
-    for console in (console_module.console, console_module.errors):
-        monkeypatch.setattr(console, "_width", 250)
-    with pytest.raises(SystemExit) as done:
-        cli.main()
-    captured = capsys.readouterr()
-    return done.value.code, captured.out, captured.err
 
 
 @pytest.fixture
