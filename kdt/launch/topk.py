@@ -39,8 +39,8 @@ MAX_VOCAB = 1 << 18
 
 # Split tuning (performance only; any S in [1, limits] gives the same ids and logp within float rounding).
 BLOCKS_PER_SM = 3      # resident small-path blocks per SM (256 threads, <= 80 registers, 41.2 KB smem)
-MANY_ROWS_WAVES = 4    # when rows >= one wave of blocks: aim for this many waves of blocks in total
-MIN_CHUNK = 2048       # at least this many columns per block
+MANY_ROWS_WAVES = 2    # when rows >= one wave of blocks: aim for this many waves of blocks in total (swept on the H200: 2 beats 4 and 8)
+MIN_CHUNK = 8192       # at least this many columns per block (swept on the H200: fewer, fatter blocks for few rows)
 CHUNK_ALIGN = 64       # chunk is a multiple of this many columns
 
 _CONSTS = {
