@@ -127,17 +127,22 @@ __device__ __forceinline__ void stat_merge(float& m, float& s, float om, float o
     m = M;
 }
 
+// Every lane ends with the warp's (max, sum of exp) of the lanes' partials.
+__device__ __forceinline__ void warp_fold_stats(float& m, float& s) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float om = __shfl_xor_sync(FULL, m, off);
+        const float os = __shfl_xor_sync(FULL, s, off);
+        stat_merge(m, s, om, os);
+    }
+}
+
 // Warp 0 folds the per-warp (max, sum of exp) partials of a block into s_stat[0..1].
 template <int WARPS>
 __device__ __forceinline__ void fold_warp_stats(const float* s_m, const float* s_s, float* s_stat, int lane) {
     float bm = lane < WARPS ? s_m[lane] : -FLT_MAX;
     float bs = lane < WARPS ? s_s[lane] : 0.0f;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const float om = __shfl_xor_sync(FULL, bm, off);
-        const float os = __shfl_xor_sync(FULL, bs, off);
-        stat_merge(bm, bs, om, os);
-    }
+    warp_fold_stats(bm, bs);
     if (lane == 0) { s_stat[0] = bm; s_stat[1] = bs; }
 }
 
@@ -457,12 +462,7 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
     warp_select<VT>(buf, *cnt, wk, wi, lane);                // this warp's sorted top VT -> s_k/s_i slot
 
     // ---- block merge
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const float om = __shfl_xor_sync(FULL, m, off);
-        const float os = __shfl_xor_sync(FULL, s, off);
-        stat_merge(m, s, om, os);
-    }
+    warp_fold_stats(m, s);
     if (lane == 0) { s_m[warp] = m; s_s[warp] = s; }
     __syncthreads();
     rank_merge<VT>(s_k, s_i, SMALL_WARPS, s_tk, s_ti, tid, T);
@@ -629,12 +629,7 @@ __device__ __forceinline__ void general_impl(const Tin* __restrict__ logits, int
 #pragma unroll
         for (int u = 0; u < U; ++u) warp_hist_add(hist, f2key(x[u]) >> 21, ok[u], lane);
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const float om = __shfl_xor_sync(FULL, m, off);
-        const float os = __shfl_xor_sync(FULL, s, off);
-        stat_merge(m, s, om, os);
-    }
+    warp_fold_stats(m, s);
     if (lane == 0) { s_m[warp] = m; s_s[warp] = s; }
     __syncthreads();
     if (warp == 0) fold_warp_stats<GEN_WARPS>(s_m, s_s, s_stat, lane);
