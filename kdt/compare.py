@@ -132,7 +132,9 @@ class AbsTol:
         worst = ""
         if bad_flat.size:
             with np.errstate(invalid="ignore"):
-                worst = f"max |diff| {np.nanmax(np.abs(g - e)[~close]):.3g}"
+                diffs = np.abs(g - e)[~close]
+            finite = diffs[~np.isnan(diffs)]
+            worst = f"max |diff| {finite.max():.3g}" if finite.size else "max |diff| nan"
         return FieldResult(name, expected.size, int(bad_flat.size),
                            _make_diffs(expected, got, bad_flat, max_diffs, ulps), worst)
 

@@ -1,21 +1,30 @@
 // kernels/tree_build.cu -- `tree-build`: the best-first draft tree (contract: plans/contracts.md, `tree-build`).
 //
 // Launch shape
-//   grid = G blocks, one request each; block = kdt_tree_build_threads (256). Warp 0 runs the sequential
-//   best-first loop, then the whole block writes the outputs. No workspace; every output element is written.
+//   grid = G blocks, one request each; block = kdt_tree_build_threads (256). Each block builds its tree on one of
+//   two paths, which give identical outputs, then the whole block writes the outputs (the finalize). No
+//   workspace; every output element is written.
+//     select path (the whole block): when every log-prob of the request is <= 0, the launcher gave it a pool
+//       (B >= the select threshold, Vs = min(V, B + 1) <= 32, the scratch fits), and the pool does not overflow.
+//     serial path (warp 0): the best-first loop, for everything else (positive log-probs, small B, wide V).
 //   Entry points kdt_tree_build_p{NPL} and kdt_tree_build_p{NPL}_g, NPL in {1, 2, 4, 8, 16, 32}: NPL is the
 //   number of slots each lane of warp 0 owns, the smallest power of two >= ceil(N / 32) (N = B + 1). The plain
-//   variant has every log-prob the build can read (ranks < min(V, B + 1)) staged in shared memory; the _g variant
-//   (only when K * V is too big for the budget, e.g. K = 64, V = 1024, B = 1023) reads ranks >= Vs from global.
-//   Dynamic shared memory, computed the same way by the launcher from the exported constants:
-//     smem_slot_bytes * P + smem_header_bytes + max(4 * K * Vs, 4 * 8 warps * 32 * W),   P = 32 * NPL,
-//     W = ceil(N / 32), Vs = min(V, B + 1, (smem_budget - smem_slot_bytes * P - smem_header_bytes) / (4 * K)).
-//   The budget (96 KiB) stays under sm_120's 99 KiB opt-in limit. The loop reads no global memory in the plain
-//   variant.
+//   variant has every log-prob and id the build can read (ranks < min(V, B + 1)) staged in shared memory; the _g
+//   variant (only when K * V is too big for the budget, e.g. K = 64, V = 1024, B = 1023) reads ranks >= Vs from
+//   global memory and always takes the serial path. Arguments cap, cap3: the select pool's capacities (0: serial
+//   path only); cap > cap3 is the one-pass layout, cap == cap3 the two-pass one (see select_build).
+//   Dynamic shared memory, computed the same way by the launcher (kdt/launch/tree_build.py) from the exported
+//   constants:
+//     smem_slot_bytes * P + smem_header_bytes + max(x_build, 4 * 8 warps * 32 * W),   P = 32 * NPL,
+//     x_build = 2 * staged(K * Vs) + [select: smem_select_fixed_bytes + 12 * cap + 8 * cap3],
+//     W = ceil(N / 32), Vs = min(V, B + 1, (smem_budget - smem_slot_bytes * P - smem_header_bytes - 32) / (8 K)),
+//     staged(n) = 4 n rounded up to 16 bytes.
+//   The budget (96 KiB) stays under sm_120's 99 KiB opt-in limit. Neither path reads global memory after the
+//   prologue in the plain variant.
 //
 // Memory traffic per request
-//   reads  top_logp[g]: the [K, Vs] prefix once, coalesced (plus, _g only, single floats gathered on demand);
-//          top_ids[g]: one 4-byte gather per taken node (its token), in the finalize.
+//   reads  top_logp[g], top_ids[g]: the [K, Vs] prefixes once, coalesced (plus, _g only, single values gathered
+//          on demand).
 //   writes n_nodes (4 B); parent, depth, token, rank, logw, first_child, next_sibling (7 x 4 x N B, coalesced);
 //          mask (4 x N x W B, coalesced through a per-warp staging tile).
 //
@@ -63,6 +72,29 @@
 //   Ties: inside a lane every max keeps the smaller slot on equal keys; across lanes the winner is the smallest
 //   slot. So the taken order is exactly the contract's.
 //
+//   Select path: if every log-prob is <= 0, a child never outscores its parent and rank r + 1 never outscores
+//   rank r (a + b <= a for b <= 0, and rounding is monotone). Then the best-first order is the sort of all paths
+//   by (score descending; equal scores: the parent's position, compared the same way up the two ancestor chains;
+//   then the rank), and the tree is its first B paths (plans/design.md has the argument). The select path finds
+//   them without a step per node:
+//     bins   a score <= 0 falls in one of kBins bins by bits 30..16 of its float (exponent and 7 mantissa bits);
+//            bins are non-decreasing in the score.
+//     phase 1, level by level (depth 1, 2, ...): every child of a node of the previous level whose bin is at
+//            least the threshold bin bstar is counted in a histogram; then bstar rises to the highest bin with at
+//            least B counted paths in it or above. Counted paths are real paths, so the B-th best path has a bin
+//            >= bstar, and a path below bstar, with its descendants and later siblings, is not among the B best.
+//            One-pass layout: the counted paths are appended to the pool (score key, parent entry, rank, depth),
+//            a node's children contiguous and in rank order. Two-pass layout (when the pool would not fit next
+//            to 1024 slots): phase 1 keeps only each level's scores, and phase 2 walks the levels again to
+//            materialise just the paths with bin >= the final bstar, in the same order.
+//     phase 3: the paths with bin >= bstar (at least B unless fewer finite paths exist; about B + 5% on drafter
+//            inputs) are grouped by bin; a path's position is the count in higher bins plus the paths of its own
+//            bin with a larger key (equal keys: the ancestor-chain comparison). Positions < B are the slots; the
+//            records the finalize reads (parent slot, rank, depth, score, first_child, next_sibling: the previous
+//            sibling is the entry just before) are written exactly as the serial loop leaves them.
+//   Scores are the same __fadd_rn sums along the same paths, so logw is bit-identical; a capacity overflow
+//   falls back (one pass -> two passes -> serial loop) before any record is written.
+//
 //   Finalize (whole block): the per-slot outputs from the loop's records; mask rows from, for each slot j, the
 //   bits of j's ancestors-or-self inside j's 32-slot word (pointer jumping with shuffles) and j's first ancestor
 //   below that word: a row follows these exits (one step per nonzero word) into a zeroed per-warp tile, which the
@@ -81,6 +113,23 @@ constexpr int kSlotBytes = 28;    // shared bytes per slot of P (see the layout 
 constexpr int kHeaderBytes = 4 * kLp0Len + 4 * kMiscInts;
 constexpr int kSmemBudget = 98304;   // 96 KiB: under sm_120's 99 KiB opt-in limit
 
+// Select path (see "Select path" above). Score bins: bits 30..16 of a non-positive score (its exponent and 7
+// mantissa bits, relative width 1/128) for |score| in [2^-4, 2^12); smaller magnitudes share the top bin, larger
+// ones bin 0. Bins are non-decreasing in the score, which is all the pruning needs.
+constexpr int kBins = 2048;
+constexpr uint32_t kBinLow = 123u << 7;     // bits 30..16 of 2^-4
+constexpr int kSelectMinBudget = 96;        // default: serial faster at B = 64, select at B = 128 (perf-notes)
+constexpr int kSelectItems1 = 8;           // nodes a thread looks at per pass of a level, phase 1
+constexpr int kSelectItems = 4;            // and phase 2 (one (item, warp) count per lane)
+constexpr int kSelectRows = 4;             // rows of 32 bins warp 0 sums at once when it moves the threshold
+constexpr int kSelectInts = 2 * kBins + 2 * kWarps * kSelectItems + 8;   // hist, offs, pass counts, scalars
+constexpr int kSelectFixedBytes = 4 * kSelectInts;
+constexpr int kSelectBytesPerCap = 12;      // per pool entry: key, link, slot
+constexpr int kSelectBytesPerRanked = 8;    // per ranked entry: sorted index and key (two passes: cap == cap3)
+constexpr int kSelectMaxFanout = 32;        // candidate children of a node: lanes of one warp
+static_assert(kBins % kThreads == 0 && kBins % 32 == 0, "bin layout");
+static_assert(kWarps * kSelectItems == 32, "phase 2 scans one (item, warp) count per lane");
+
 }  // namespace
 
 // Read once by the launcher (module.get_global); the numbers live here only.
@@ -92,6 +141,14 @@ __constant__ int kdt_tree_build_smem_header_bytes = kHeaderBytes;  // shared byt
 __constant__ int kdt_tree_build_max_budget = 1023;             // B limit
 __constant__ int kdt_tree_build_max_depth = 64;                // K limit
 __constant__ int kdt_tree_build_max_fanout = 1024;             // V limit
+__constant__ int kdt_tree_build_select_min_budget = kSelectMinBudget;   // default: select path from this B
+__constant__ int kdt_tree_build_select_max_fanout = kSelectMaxFanout;   // select path only for Vs up to this
+__constant__ int kdt_tree_build_smem_select_fixed_bytes = kSelectFixedBytes;  // select scratch: fixed part
+__constant__ int kdt_tree_build_smem_select_bytes_per_cap = kSelectBytesPerCap;  // and per pool entry
+__constant__ int kdt_tree_build_smem_select_bytes_per_ranked = kSelectBytesPerRanked;  // and per ranked entry
+// Requests built by the select path since the module loaded (one atomic per such block): lets the tests prove
+// which path ran, since both give the same outputs.
+__device__ unsigned long long kdt_tree_build_select_runs = 0ull;
 }
 
 namespace {
@@ -115,6 +172,8 @@ __host__ __device__ constexpr int off_misc(int P) { return 28 * P + 4 * kLp0Len;
 __host__ __device__ constexpr int off_x(int P) { return kSlotBytes * P + kHeaderBytes; }
 static_assert(off_lp0(1) == kSlotBytes && off_misc(1) + 4 * kMiscInts == off_x(1), "layout");
 static_assert(kHeaderBytes % 16 == 0, "region x must stay 16-byte aligned");
+// Region x, build phase: lp float[K][Vs], ids int[K][Vs], each padded to 16 bytes, then the select scratch.
+__host__ __device__ constexpr int staged_bytes(int K, int Vs) { return (4 * K * Vs + 15) / 16 * 16; }
 
 // Order-preserving key of a score; -inf and NaN -> 0 ("dead / no entry"). Every other float maps above 0.
 __device__ __forceinline__ uint32_t score_key(float x) {
@@ -144,9 +203,379 @@ __device__ __forceinline__ void argmax_pairs(uint32_t (&k)[n], uint32_t (&p)[n])
     }
 }
 
+// ---- select path ------------------------------------------------------------------------------------------------
+
+// Bin of a score <= 0 (see kBins); non-decreasing in the score.
+__device__ __forceinline__ int score_bin(float s) {
+    uint32_t u = (__float_as_uint(s) >> 16) & 0x7fffu;
+    u = min(max(u, kBinLow), kBinLow + (uint32_t)(kBins - 1));
+    return kBins - 1 - (int)(u - kBinLow);
+}
+
+// hist[b] += 1 when `add`: one predicated shared-memory reduction, so a warp's items need no branch.
+__device__ __forceinline__ void shared_add_if(int* counter, bool add) {
+    const uint32_t address = (uint32_t)__cvta_generic_to_shared(counter);
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %1, 0;\n\t@p red.shared.add.u32 [%0], 1;\n\t}"
+                 :: "r"(address), "r"((uint32_t)add) : "memory");
+}
+
+// Exclusive prefix sum over the block in thread order; `total` gets the block's sum. Uses wsum[kWarps] and two
+// barriers; the caller must pass a barrier before the next call rewrites wsum.
+__device__ __forceinline__ int block_exclusive_scan(int v, int* wsum, int& total) {
+    const int lane = (int)threadIdx.x & 31;
+    const int warp = (int)threadIdx.x >> 5;
+    int incl = v;
+#pragma unroll
+    for (int k = 1; k < 32; k *= 2) {
+        const int o = __shfl_up_sync(kFull, incl, k);
+        if (lane >= k) incl += o;
+    }
+    if (lane == 31) wsum[warp] = incl;
+    __syncthreads();
+    int base = 0;
+    total = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+        const int t = wsum[w];
+        base += (w < warp) ? t : 0;
+        total += t;
+    }
+    return base + incl - v;
+}
+
+// Pool entry link: (parent pool index + 1, 0 for the root) << 16 | rank << 6 | depth - 1.
+__device__ __forceinline__ int link_parent(uint32_t link) { return (int)(link >> 16) - 1; }
+__device__ __forceinline__ int link_rank(uint32_t link) { return (int)((link >> 6) & 1023u); }
+
+// Whether pool entry f comes before entry e in the best-first order: higher score, then (equal scores) the
+// earlier parent, compared the same way up the two ancestor chains, then the smaller rank. Bounded by the depth.
+__device__ __forceinline__ bool select_before(const uint32_t* key, const uint32_t* link, int f, int e) {
+    if (key[f] != key[e]) return key[f] > key[e];
+    for (;;) {
+        const uint32_t lf = link[f], le = link[e];
+        const int pf = link_parent(lf), pe = link_parent(le);
+        if (pf == pe) return link_rank(lf) < link_rank(le);
+        if (pf < 0) return true;      // the root precedes every slot
+        if (pe < 0) return false;
+        if (key[pf] != key[pe]) return key[pf] > key[pe];
+        f = pf;
+        e = pe;
+    }
+}
+
+// The select path; all threads call it (see "Select path" above). V (the staged ranks) is at most 32: a node's
+// candidate children are the lanes of one group of `group` lanes (the power of two >= V), node-major, so a pass
+// of the block looks at kSelectItems * kThreads / group nodes and a node's children come out contiguous and in
+// rank order. Two layouts of the scratch:
+//   keep (one pass over the levels): phase 1 appends every path it counts to the pool (key, link), up to `cap`
+//     entries, and phase 3 ranks those with bin >= bstar (at most `cap3`);
+//   !keep (two passes): phase 1 only counts, with two level buffers of 2 * cap scores; phase 2 materialises the
+//     paths with bin >= bstar (at most cap; cap3 == cap).
+// Returns false, having written nothing the serial loop reads, when a capacity is exceeded.
+__device__ __forceinline__ bool select_build(const float* __restrict__ lp_s, int K, int V, int B, bool keep, int cap,
+                                          int cap3, int* __restrict__ scratch, int* __restrict__ rec_s,
+                                          float* __restrict__ logw_s, int* __restrict__ fc_s, int* __restrict__ ns_s,
+                                          int* __restrict__ misc) {
+    int* const hist = scratch;                          // [kBins] paths per bin (phase 1), then a cursor
+    int* const offs = hist + kBins;                     // [kBins] ranked entries in higher bins
+    int* const wsum = offs + kBins;                     // [2][32] per-(item, warp) counts, double-buffered
+    int* const var = wsum + 2 * kWarps * kSelectItems;  // [8] scalars, below
+    uint32_t* const key = reinterpret_cast<uint32_t*>(var + 8);   // the pool: score keys
+    uint32_t* const link = key + cap;                   //           (parent + 1) << 16 | rank << 6 | depth - 1
+    int* const slot_of = reinterpret_cast<int*>(link + cap);      //   slot, or -1
+    int* const sorted = slot_of + cap;                  // phase 3: ranked entries grouped by bin
+    uint32_t* const sorted_key = reinterpret_cast<uint32_t*>(sorted + cap3);   // and their keys
+    float* const lvl0 = reinterpret_cast<float*>(var + 8);   // !keep, phase 1: two level buffers of 2 * cap
+    float* const lvl1 = lvl0 + 2 * cap;
+    enum { kNext = 0, kBstar = 1, kAbove = 2, kOverflow = 3, kLevel = 4, kLowBin = 5 };
+
+    const int tid = (int)threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const uint32_t lanes_below = (1u << lane) - 1u;
+    __syncthreads();    // a failed attempt's last reads of var come before this attempt's resets
+    int group = 1;
+    while (group < V) group *= 2;
+    const int rank = tid & (group - 1);                 // this thread's candidate rank
+    const int node_in_pass = tid / group;
+    const int nodes_per_item = kThreads / group;
+    const int nodes_per_pass1 = kSelectItems1 * nodes_per_item;   // phase 1
+    const int nodes_per_pass = kSelectItems * nodes_per_item;     // phase 2
+    const int level_cap = keep ? cap : 2 * cap;
+
+    for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
+    if (tid == 0) {
+        var[kNext] = 0;
+        var[kBstar] = 0;
+        var[kAbove] = 0;
+        var[kOverflow] = 0;
+        var[kLowBin] = kBins;
+        if (!keep) lvl0[0] = 0.0f;     // level 0: the root
+    }
+    __syncthreads();
+
+    // Phase 1: level by level, count every path whose bin is >= the running threshold bin bstar, the highest bin
+    // with at least B counted paths in it or above (0 while fewer than B exist). Every counted path is a real
+    // path, so the B-th best score has a bin >= bstar, and a path below bstar (with all its descendants and
+    // later siblings, which score no higher) is not among the B best. bstar only rises. `above` is the number
+    // of counted paths with bin >= bstar. The level's nodes: keep, pool entries [lo, hi) (-1: the root);
+    // !keep, cur[0, hi - lo).
+    int lo = -1, hi = 0;
+    for (int d = 0; d < K && hi > lo; ++d) {
+        const float* const cur = (d & 1) ? lvl1 : lvl0;
+        float* const nxt = (d & 1) ? lvl0 : lvl1;
+        const int bstar = var[kBstar];
+        const int first = keep ? hi : 0;        // where this level's entries start
+        const float lp = (rank < V) ? lp_s[d * V + rank] : -INFINITY;
+        for (int base = lo; base < hi; base += nodes_per_pass1) {
+            float x[kSelectItems1];
+            uint32_t votes[kSelectItems1];
+            int low = kBins, count = 0;
+            // Branch-free so the items' loads overlap: indices are clamped into this level's nodes (never into
+            // the entries being appended) and the results masked; the root level reads nothing.
+            uint32_t raw[kSelectItems1];
+#pragma unroll
+            for (int k = 0; k < kSelectItems1; ++k) {
+                const int i = min(max(base + k * nodes_per_item + node_in_pass, lo), hi - 1);
+                raw[k] = (i < 0) ? 0u : (keep ? key[i] : __float_as_uint(cur[i - lo]));
+            }
+#pragma unroll
+            for (int k = 0; k < kSelectItems1; ++k) {
+                const int i = base + k * nodes_per_item + node_in_pass;
+                const float s = (i < 0) ? 0.0f : (keep ? key_score(raw[k]) : __uint_as_float(raw[k]));
+                const float c = __fadd_rn(s, lp);
+                const bool ok = i < hi && score_bin(s) >= bstar && c > -INFINITY && score_bin(c) >= bstar;
+                x[k] = ok ? c : -INFINITY;
+                votes[k] = __ballot_sync(kFull, ok);
+                count += __popc(votes[k]);
+            }
+            // Predicated, not branched: a branch per item serialises the items.
+#pragma unroll
+            for (int k = 0; k < kSelectItems1; ++k) {
+                const int b = score_bin(x[k]);
+                shared_add_if(&hist[b], x[k] > -INFINITY);
+                low = (x[k] > -INFINITY) ? min(low, b) : low;
+            }
+            low = __reduce_min_sync(kFull, low);
+            int at = 0;
+            if (lane == 0 && count != 0) {
+                at = atomicAdd(&var[kNext], count);
+                atomicMin(&var[kLowBin], low);
+            }
+            at = __shfl_sync(kFull, at, 0);
+            bool overflow = false;
+#pragma unroll
+            for (int k = 0; k < kSelectItems1; ++k) {
+                const int e = at + __popc(votes[k] & lanes_below);
+                const bool mine = (votes[k] >> lane) & 1u;
+                overflow |= mine && e >= level_cap;
+                const bool store = mine && e < level_cap;
+                const int i = base + k * nodes_per_item + node_in_pass;
+                if (keep) {
+                    if (store) key[e] = score_key(x[k]);
+                    if (store) link[e] = ((uint32_t)(i + 1) << 16) | ((uint32_t)rank << 6) | (uint32_t)d;
+                } else {
+                    if (store) nxt[e] = x[k];
+                }
+                at += __popc(votes[k]);
+            }
+            if (overflow) var[kOverflow] = 1;
+        }
+        __syncthreads();
+        if (warp == 0) {
+            // The new bstar: from the lowest bin any counted path has (or the old bstar) up, kSelectRows rows of
+            // 32 bins (one per lane) at a time, to the last bin with B counted paths at or above it.
+            const int next = var[kNext];
+            int above = var[kAbove] + (next - first);     // every new path has bin >= the old bstar
+            int nb = bstar;
+            if (above >= B) {
+                for (int row = max(bstar, var[kLowBin]) & ~31;; row += 32 * kSelectRows) {
+                    int h[kSelectRows], in_row[kSelectRows];
+#pragma unroll
+                    for (int j = 0; j < kSelectRows; ++j) {
+                        const int b = row + 32 * j + lane;
+                        h[j] = (b >= bstar && b < kBins) ? hist[b] : 0;
+                    }
+#pragma unroll
+                    for (int j = 0; j < kSelectRows; ++j) in_row[j] = __reduce_add_sync(kFull, h[j]);
+                    int j = 0;      // the first row past which fewer than B paths remain
+                    int hj = h[0];
+#pragma unroll
+                    for (int t = 0; t < kSelectRows; ++t) {
+                        if (j == t && above - in_row[t] >= B) {
+                            above -= in_row[t];
+                            j = t + 1;
+                        }
+                    }
+#pragma unroll
+                    for (int t = 1; t < kSelectRows; ++t) hj = (j == t) ? h[t] : hj;
+                    if (j == kSelectRows) continue;
+                    int incl = hj;
+#pragma unroll
+                    for (int o = 1; o < 32; o *= 2) {
+                        const int v = __shfl_up_sync(kFull, incl, o);
+                        if (lane >= o) incl += v;
+                    }
+                    const int from_here = above - (incl - hj);     // paths with bin >= this lane's bin
+                    const uint32_t reach = __ballot_sync(kFull, from_here >= B);
+                    const int l = 31 - __clz((int)reach);
+                    nb = row + 32 * j + l;
+                    above = __shfl_sync(kFull, from_here, l);
+                    break;
+                }
+            }
+            __syncwarp();   // every lane has read var before lane 0 rewrites it
+            if (lane == 0) {
+                var[kBstar] = nb;
+                var[kAbove] = above;
+                var[kLevel] = next;
+                if (!keep) var[kNext] = 0;
+            }
+        }
+        __syncthreads();
+        if (var[kOverflow] != 0) return false;
+        lo = keep ? hi : 0;
+        hi = var[kLevel];
+    }
+    const int bstar = var[kBstar];
+    const int ranked = var[kAbove];   // paths with bin >= bstar: the entries phase 3 ranks
+    if (ranked > cap3) return false;
+    int pool = keep ? var[kNext] : ranked;
+    __syncthreads();                  // !keep: phase 1's buffers are about to be overwritten
+
+    if (!keep) {
+        // Phase 2: materialise the paths with bin >= bstar level by level, in a stable order: each level is
+        // contiguous, each node's children are contiguous in rank order.
+        int pass = 0;
+        lo = -1;
+        hi = 0;
+        for (int d = 0; d < K && hi > lo; ++d) {
+            const float lp = (rank < V) ? lp_s[d * V + rank] : -INFINITY;
+            int at = hi;
+            for (int base = lo; base < hi; base += nodes_per_pass, ++pass) {
+                float x[kSelectItems];
+                uint32_t votes[kSelectItems];
+                int* const counts = wsum + (pass & 1) * kWarps * kSelectItems;
+                uint32_t raw[kSelectItems];
+#pragma unroll
+                for (int k = 0; k < kSelectItems; ++k) {   // clamped into this level, as in phase 1
+                    const int i = min(max(base + k * nodes_per_item + node_in_pass, lo), hi - 1);
+                    raw[k] = (i < 0) ? 0u : key[i];
+                }
+#pragma unroll
+                for (int k = 0; k < kSelectItems; ++k) {
+                    const int i = base + k * nodes_per_item + node_in_pass;
+                    const float c = __fadd_rn(i < 0 ? 0.0f : key_score(raw[k]), lp);
+                    const bool ok = i < hi && c > -INFINITY && score_bin(c) >= bstar;
+                    x[k] = ok ? c : -INFINITY;
+                    votes[k] = __ballot_sync(kFull, ok);
+                }
+                int item_count = 0;     // lane k < kSelectItems: this warp's count of item k
+#pragma unroll
+                for (int k = 0; k < kSelectItems; ++k) item_count = (lane == k) ? __popc(votes[k]) : item_count;
+                if (lane < kSelectItems) counts[lane * kWarps + warp] = item_count;
+                __syncthreads();
+                // Entries in node order: item k of every warp (warps in order) before item k + 1. counts holds
+                // one (item, warp) count per lane in that order, so one warp scan gives every offset.
+                const int c = counts[lane];
+                int incl = c;
+#pragma unroll
+                for (int o = 1; o < 32; o *= 2) {
+                    const int v = __shfl_up_sync(kFull, incl, o);
+                    if (lane >= o) incl += v;
+                }
+                const int total = __shfl_sync(kFull, incl, 31);
+#pragma unroll
+                for (int k = 0; k < kSelectItems; ++k) {
+                    const int e = at + __shfl_sync(kFull, incl - c, k * kWarps + warp) +
+                                  __popc(votes[k] & lanes_below);
+                    if ((votes[k] & (1u << lane)) && e < cap) {
+                        const int i = base + k * nodes_per_item + node_in_pass;
+                        key[e] = score_key(x[k]);
+                        link[e] = ((uint32_t)(i + 1) << 16) | ((uint32_t)rank << 6) | (uint32_t)d;
+                    }
+                }
+                at += total;
+            }
+            __syncthreads();
+            lo = hi;
+            hi = min(at, cap);
+        }
+    }
+
+    // Phase 3: the position of every entry with bin >= bstar in the best-first order: the ranked entries in
+    // higher bins, plus those of its own bin that come before it (higher key; equal keys: select_before). Bins
+    // hold few entries; hist counts exactly the pool's entries in every bin >= bstar.
+    {
+        const int c0 = (kThreads - 1 - tid) * (kBins / kThreads);    // thread order = bins from the top
+        int mine = 0;
+        for (int b = c0; b < c0 + kBins / kThreads; ++b) mine += (b >= bstar) ? hist[b] : 0;
+        int total;
+        int above = block_exclusive_scan(mine, wsum, total);
+        for (int b = c0 + kBins / kThreads - 1; b >= c0; --b) {
+            offs[b] = above;
+            above += (b >= bstar) ? hist[b] : 0;
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < pool; e += kThreads) {
+        const uint32_t k = key[e];
+        const int b = score_bin(key_score(k));
+        if (b < bstar) continue;
+        const int j = offs[b] + atomicSub(&hist[b], 1) - 1;
+        sorted[j] = e;
+        sorted_key[j] = k;
+    }
+    __syncthreads();
+    // Positions, over the ranked entries only (sorted[0, ranked)). offs[b] is the start of bin b's group.
+    for (int j = tid; j < ranked; j += kThreads) {
+        const int e = sorted[j];
+        const uint32_t k = sorted_key[j];
+        const int b = score_bin(key_score(k));
+        int pos = offs[b];
+        if (pos < B) {
+            const int end = (b == 0) ? ranked : offs[b - 1];
+            int ahead = 0;
+            int same = 0;
+            for (int t = pos; t < end; ++t) {
+                const uint32_t kt = sorted_key[t];
+                ahead += (kt > k) ? 1 : 0;
+                same += (kt == k) ? 1 : 0;
+            }
+            if (same > 1) {     // equal scores besides its own: the contract's tie-break (rare)
+                for (int t = pos; t < end; ++t) {
+                    const int f = sorted[t];
+                    ahead += (sorted_key[t] == k && f != e && select_before(key, link, f, e)) ? 1 : 0;
+                }
+            }
+            pos += ahead;
+        }
+        slot_of[e] = (pos < B) ? pos + 1 : -1;
+    }
+    __syncthreads();
+
+    // The records the finalize reads, as the serial loop leaves them. A taken entry's parent and previous
+    // sibling (the entry just before it) are taken too, and earlier.
+    for (int j = tid; j < ranked; j += kThreads) {
+        const int e = sorted[j];
+        const int s = slot_of[e];
+        if (s < 0) continue;
+        const uint32_t l = link[e];
+        const int p = link_parent(l);
+        const int ps = (p < 0) ? 0 : slot_of[p];
+        const int r = link_rank(l);
+        rec_s[s] = (ps << 16) | (int)(l & 0xffffu);      // parent slot << 16 | rank << 6 | depth - 1
+        logw_s[s] = key_score(sorted_key[j]);
+        if (r == 0) fc_s[ps] = s;
+        else ns_s[slot_of[e - 1]] = s;
+    }
+    if (tid == 0) misc[0] = min(B, ranked);
+    return true;
+}
+
 template <int NPL, bool kPartialLp>
 __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_logp, const int* __restrict__ top_ids,
-                                                int K, int V, int B, int Vs, int* __restrict__ n_nodes,
+                                                int K, int V, int B, int Vs, int cap, int cap3, int* __restrict__ n_nodes,
                                                 int* __restrict__ out_parent, int* __restrict__ out_depth,
                                                 int* __restrict__ out_token, int* __restrict__ out_rank,
                                                 float* __restrict__ out_logw, int* __restrict__ out_first_child,
@@ -165,6 +594,8 @@ __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_lo
     float* const lp0 = reinterpret_cast<float*>(smem_raw + off_lp0(P));
     int* const misc = reinterpret_cast<int*>(smem_raw + off_misc(P));
     float* const lp_s = reinterpret_cast<float*>(smem_raw + off_x(P));
+    int* const ids_s = reinterpret_cast<int*>(smem_raw + off_x(P) + staged_bytes(K, Vs));
+    int* const scratch = reinterpret_cast<int*>(smem_raw + off_x(P) + 2 * staged_bytes(K, Vs));
     uint32_t* const tiles = reinterpret_cast<uint32_t*>(smem_raw + off_x(P));
 
     const int tid = (int)threadIdx.x;
@@ -183,15 +614,32 @@ __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_lo
         ns_s[i] = -1;
     }
     for (int i = tid; i < kLp0Len; i += kThreads) lp0[i] = (i < K) ? glp[(size_t)i * V] : -INFINITY;
+    int positive = 0;
     for (int i = tid; i < K * Vs; i += kThreads) {
         const int d = i / Vs;
         const int r = i - d * Vs;
-        lp_s[i] = glp[(size_t)d * V + r];
+        const float x = glp[(size_t)d * V + r];
+        lp_s[i] = x;
+        ids_s[i] = gid[(size_t)d * V + r];
+        positive |= (x > 0.0f);
     }
-    __syncthreads();
+    const bool any_positive = __syncthreads_or(positive) != 0;
+
+    // ---- select path (every log-prob <= 0, all staged, B large enough: cap > 0) ----
+    bool selected = false;
+    if constexpr (!kPartialLp) {
+        if (cap > 0 && !any_positive) {
+            // One pass over the levels when the pool has room for every counted path (cap > cap3); if it
+            // overflows, two passes in the same scratch (20 * cap3 <= 12 * cap + 8 * cap3 bytes).
+            selected = select_build(lp_s, K, Vs, B, cap > cap3, cap, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
+            if (!selected && cap > cap3)
+                selected = select_build(lp_s, K, Vs, B, false, cap3, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
+            if (selected && tid == 0) atomicAdd(&kdt_tree_build_select_runs, 1ull);
+        }
+    }
 
     // ---- best-first loop: warp 0 ----
-    if (warp == 0) {
+    if (!selected && warp == 0) {
         // top_logp[g, d, r]: shared memory, or (kPartialLp only, K * V over the budget) global for r >= Vs.
         auto LP = [&](int d, int r) -> float {
             if constexpr (kPartialLp) return (r < Vs) ? lp_s[d * Vs + r] : __ldg(glp + (size_t)d * V + r);
@@ -346,7 +794,7 @@ __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_lo
             par = (int)(rc >> 16);
             rnk = (int)((rc >> 6) & 1023u);
             dep = (int)(rc & 63u) + 1;
-            tok = gid[(size_t)(dep - 1) * V + rnk];
+            tok = (rnk < Vs) ? ids_s[(dep - 1) * Vs + rnk] : gid[(size_t)(dep - 1) * V + rnk];
             lw = logw_s[i];
             fcv = fc_s[i];
             nsv = ns_s[i];
@@ -414,12 +862,12 @@ __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_lo
 }  // namespace
 
 #define KDT_TREE_BUILD_ENTRY(NPL, SUFFIX, PARTIAL)                                                             \
-    extern "C" __global__ void __launch_bounds__(kThreads) kdt_tree_build_p##NPL##SUFFIX(                     \
-        const float* __restrict__ top_logp, const int* __restrict__ top_ids, int K, int V, int B, int Vs,       \
+    extern "C" __global__ void __launch_bounds__(kThreads, 1) kdt_tree_build_p##NPL##SUFFIX(                  \
+        const float* __restrict__ top_logp, const int* __restrict__ top_ids, int K, int V, int B, int Vs, int cap, int cap3, \
         int* __restrict__ n_nodes, int* __restrict__ parent, int* __restrict__ depth, int* __restrict__ token, \
         int* __restrict__ rank, float* __restrict__ logw, int* __restrict__ first_child,                       \
         int* __restrict__ next_sibling, uint32_t* __restrict__ mask) {                                          \
-        tree_build_body<NPL, PARTIAL>(top_logp, top_ids, K, V, B, Vs, n_nodes, parent, depth, token, rank, logw,         \
+        tree_build_body<NPL, PARTIAL>(top_logp, top_ids, K, V, B, Vs, cap, cap3, n_nodes, parent, depth, token, rank, logw,         \
                              first_child, next_sibling, mask);                                                   \
     }
 

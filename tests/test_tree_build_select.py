@@ -1,0 +1,131 @@
+"""The tree-build kernel's select path, modelled in numpy step for step (bins, the rising threshold bin, the
+one-pass pool, ranking inside a bin with the ancestor-chain tie-break), against the heapq reference.
+
+The model is the argument of plans/design.md ("tree-build: when best-first is a sort") made executable on the
+CPU, so CI checks the algorithm on many inputs (ties, zero log-probs, -inf, budgets past the number of paths);
+the GPU tests check the kernel against the reference on the same kinds of input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kdt.stages.tree_build import drafter_topk
+from refs.tree_build import build_one
+
+BINS = 2048                 # kernels/tree_build.cu: kBins
+BIN_LOW = 123 << 7          # bits 30..16 of 2^-4: kBinLow
+
+
+def score_bin(score: np.float32) -> int:
+    bits = (int(np.float32(score).view(np.uint32)) >> 16) & 0x7FFF
+    return BINS - 1 - (min(max(bits, BIN_LOW), BIN_LOW + BINS - 1) - BIN_LOW)
+
+
+def select_build(top_logp: np.ndarray, budget: int) -> list[tuple[int, int, int, np.float32]] | None:
+    """The select path's taken nodes as (parent slot, depth, rank, score), or None where the kernel falls back
+    to its serial loop (a positive log-prob)."""
+    max_depth, fanout = top_logp.shape
+    if (top_logp[np.isfinite(top_logp)] > 0).any():
+        return None
+    hist = np.zeros(BINS, np.int64)
+    threshold = 0
+    score, parent, rank = [], [], []         # the pool; parent -1 is the root
+    level = [-1]
+    for depth in range(max_depth):           # phase 1, one-pass layout
+        children = []
+        for node in level:
+            base = np.float32(0.0) if node < 0 else score[node]
+            if score_bin(base) < threshold:
+                continue
+            for r in range(fanout):
+                child = np.float32(base + top_logp[depth, r])
+                if child == -np.inf or score_bin(child) < threshold:
+                    break
+                hist[score_bin(child)] += 1
+                children.append(len(score))
+                score.append(child), parent.append(node), rank.append(r)
+        counted_above = np.cumsum(hist[::-1])[::-1]          # paths with bin >= b
+        reach = np.nonzero(counted_above >= budget)[0]
+        threshold = int(reach[-1]) if len(reach) else 0
+        level = children
+        if not level:
+            break
+
+    def before(f: int, e: int) -> bool:      # the kernel's select_before
+        if score[f] != score[e]:
+            return score[f] > score[e]
+        while True:
+            pf, pe = parent[f], parent[e]
+            if pf == pe:
+                return rank[f] < rank[e]
+            if pf < 0 or pe < 0:
+                return pf < 0
+            if score[pf] != score[pe]:
+                return score[pf] > score[pe]
+            f, e = pf, pe
+
+    ranked = [e for e in range(len(score)) if score_bin(score[e]) >= threshold]   # phase 3
+    by_bin: dict[int, list[int]] = {}
+    for e in ranked:
+        by_bin.setdefault(score_bin(score[e]), []).append(e)
+    slot_of = {}
+    for e in ranked:
+        b = score_bin(score[e])
+        position = int(hist[b + 1:].sum()) + sum(before(f, e) for f in by_bin[b] if f != e)
+        if position < budget:
+            slot_of[e] = position + 1
+    taken: list = [None] * len(slot_of)
+    for e, slot in slot_of.items():
+        parent_slot = 0 if parent[e] < 0 else slot_of[parent[e]]
+        assert parent_slot < slot
+        if rank[e] > 0:  # the previous sibling is the entry just before, taken earlier
+            assert parent[e - 1] == parent[e] and rank[e - 1] == rank[e] - 1 and slot_of[e - 1] < slot
+        depth, node = 1, parent[e]
+        while node >= 0:
+            depth, node = depth + 1, parent[node]
+        taken[slot - 1] = (parent_slot, depth, rank[e], score[e])
+    return taken
+
+
+def _inputs(rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    depth = int(rng.choice([1, 2, 3, 7, 15]))
+    fanout = int(rng.choice([1, 2, 3, 8]))
+    budget = int(rng.choice([1, 2, 7, 16, 63, int(rng.integers(1, 200))]))
+    style = rng.choice(["drafter", "grid", "zeros", "flat"])
+    if style == "drafter":
+        lp = drafter_topk(rng, 1, depth, fanout, confidence=float(rng.uniform(0, 20)))[0][0]
+    elif style == "flat":
+        lp = np.full((depth, fanout), np.float32(np.log(np.float32(1 / 4096))), np.float32)
+    else:   # exact ties on a 0.25 grid, with zero log-probs (a child tying its parent) in "zeros"
+        lp = np.sort(np.round(rng.uniform(-4, 0, (depth, fanout)) * 4) / 4, axis=1)[:, ::-1]
+        if style == "zeros":
+            lp[:, 0] = 0.0
+    lp = np.ascontiguousarray(lp, np.float32)
+    if rng.random() < 0.3:
+        cut = rng.integers(0, fanout + 1, depth)
+        lp[np.arange(fanout)[None, :] >= cut[:, None]] = -np.inf
+    return lp, budget
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_select_model_matches_reference(seed):
+    rng = np.random.default_rng(9000 + seed)
+    for _ in range(5):
+        lp, budget = _inputs(rng)
+        expected = build_one(lp, budget)
+        got = select_build(lp, budget)
+        assert got is not None
+        assert [t[:3] for t in got] == [t[:3] for t in expected]
+        assert [np.float32(t[3]).tobytes() for t in got] == [np.float32(t[3]).tobytes() for t in expected]
+
+
+def test_select_model_falls_back_on_positive_log_probs():
+    assert select_build(np.array([[0.5, -1.0]], np.float32), 2) is None
+
+
+def test_bins_are_monotone_in_the_score():
+    scores = np.sort(np.concatenate([-np.logspace(-8, 5, 4000), [0.0]])).astype(np.float32)
+    bins = [score_bin(s) for s in scores]
+    assert all(a <= b for a, b in zip(bins, bins[1:]))
+    assert bins[0] == 0 and bins[-1] == BINS - 1
