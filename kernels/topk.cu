@@ -70,6 +70,8 @@
 #include <stdint.h>
 #include <float.h>
 
+#include "common/bits.cuh"
+
 namespace {
 
 constexpr unsigned FULL = 0xffffffffu;
@@ -109,12 +111,9 @@ __device__ __forceinline__ float ex2(float x) {
 
 // Order-preserving float -> uint32 (larger float -> larger key), -0.0 mapped to +0.0 first.
 __device__ __forceinline__ uint32_t f2key(float x) {
-    const uint32_t u = __float_as_uint(__fadd_rn(x, 0.0f));     // -0 + +0 = +0 (round to nearest)
-    return u ^ ((uint32_t)((int32_t)u >> 31) | 0x80000000u);
+    return kdt::ordered_key(__fadd_rn(x, 0.0f));     // -0 + +0 = +0 (round to nearest)
 }
-__device__ __forceinline__ float key2f(uint32_t k) {
-    return __uint_as_float((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k);
-}
+__device__ __forceinline__ float key2f(uint32_t k) { return kdt::ordered_float(k); }
 // (ka, ia) strictly before (kb, ib) in (key desc, id asc).
 __device__ __forceinline__ bool better(uint32_t ka, uint32_t ia, uint32_t kb, uint32_t ib) {
     return ka > kb || (ka == kb && ia < ib);
@@ -536,21 +535,11 @@ __device__ __forceinline__ void warp_hist_add(uint32_t* hist, uint32_t bin, bool
 
 // Exclusive prefix sum over the block in thread order (GEN_THREADS threads).
 __device__ __forceinline__ uint32_t block_excl_scan(uint32_t v, uint32_t* s_w, int lane, int warp) {
-    uint32_t inc = v;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-        const uint32_t n = __shfl_up_sync(FULL, inc, off);
-        if (lane >= off) inc += n;
-    }
+    const uint32_t inc = kdt::warp_inclusive_scan(v);
     if (lane == 31) s_w[warp] = inc;
     __syncthreads();
     if (warp == 0) {
-        uint32_t t = lane < GEN_WARPS ? s_w[lane] : 0u;
-#pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-            const uint32_t n = __shfl_up_sync(FULL, t, off);
-            if (lane >= off) t += n;
-        }
+        const uint32_t t = kdt::warp_inclusive_scan(lane < GEN_WARPS ? s_w[lane] : 0u);
         if (lane < GEN_WARPS) s_w[lane] = t;
     }
     __syncthreads();
@@ -619,9 +608,9 @@ __device__ __forceinline__ void general_impl(const Tin* __restrict__ logits, int
 #pragma unroll
         for (int u = 1; u < U; ++u) gm = fmaxf(gm, x[u]);
         if (gm > m) {
-            s *= ex2((m - gm) * LOG2E);
-            m = gm;
-        }
+        s *= ex2((m - gm) * LOG2E);
+        m = gm;
+    }
         float ev[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) ev[u] = ex2((x[u] - m) * LOG2E);

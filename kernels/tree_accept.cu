@@ -69,7 +69,8 @@
 //   int32 (compared for equality only).
 
 #include <cstdint>
-#include <cstring>
+
+#include "common/bits.cuh"
 
 namespace {
 
@@ -98,25 +99,8 @@ namespace {
 
 // ------------------------------------------------------------------------------------------------ helpers
 
-__host__ __device__ __forceinline__ float bits_to_float(uint32_t u) {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-#endif
-}
-
-__host__ __device__ __forceinline__ uint32_t float_to_bits(float f) {
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    std::memcpy(&u, &f, sizeof u);
-    return u;
-#endif
-}
+using kdt::bits_to_float;
+using kdt::float_to_bits;
 
 // Element-wise max of two bf16 pairs (NaN never reaches the kernel; which zero max(-0, +0) returns does not
 // matter: all later comparisons are float comparisons, where -0.0 == +0.0).
@@ -171,7 +155,7 @@ __host__ __device__ __forceinline__ bool beats(float av, int ai, float bv, int b
 // 64-bit key whose unsigned order is the `beats` order: order-preserving float bits, then ~index.
 __host__ __device__ __forceinline__ unsigned long long pack_key(float v, int idx) {
     uint32_t u = (v == 0.0f) ? 0u : float_to_bits(v);  // -0.0 -> +0.0
-    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);      // kdt::ordered_key's map, in the form kept verified
     return (static_cast<unsigned long long>(u) << 32) | static_cast<unsigned long long>(~static_cast<uint32_t>(idx));
 }
 

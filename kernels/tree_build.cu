@@ -102,6 +102,8 @@
 
 #include <cstdint>
 
+#include "common/bits.cuh"
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -177,16 +179,12 @@ __host__ __device__ constexpr int staged_bytes(int K, int Vs) { return (4 * K * 
 
 // Order-preserving key of a score; -inf and NaN -> 0 ("dead / no entry"). Every other float maps above 0.
 __device__ __forceinline__ uint32_t score_key(float x) {
-    const uint32_t u = __float_as_uint(x);
-    const uint32_t k = u ^ ((uint32_t)((int32_t)u >> 31) | 0x80000000u);
+    const uint32_t k = kdt::ordered_key(x);
     return (x > -INFINITY) ? k : 0u;
 }
 
 // Inverse of score_key for keys > 0.
-__device__ __forceinline__ float key_score(uint32_t k) {
-    const uint32_t u = (k & 0x80000000u) ? (k ^ 0x80000000u) : ~k;
-    return __uint_as_float(u);
-}
+__device__ __forceinline__ float key_score(uint32_t k) { return kdt::ordered_float(k); }
 
 // In-register tournament over n (key, pay) pairs listed in increasing slot order: the result (index 0) has the
 // largest key; equal keys keep the earlier (smaller-slot) pair.
@@ -224,12 +222,7 @@ __device__ __forceinline__ void shared_add_if(int* counter, bool add) {
 __device__ __forceinline__ int block_exclusive_scan(int v, int* wsum, int& total) {
     const int lane = (int)threadIdx.x & 31;
     const int warp = (int)threadIdx.x >> 5;
-    int incl = v;
-#pragma unroll
-    for (int k = 1; k < 32; k *= 2) {
-        const int o = __shfl_up_sync(kFull, incl, k);
-        if (lane >= k) incl += o;
-    }
+    const int incl = kdt::warp_inclusive_scan(v);
     if (lane == 31) wsum[warp] = incl;
     __syncthreads();
     int base = 0;
@@ -410,12 +403,7 @@ __device__ __forceinline__ bool select_build(const float* __restrict__ lp_s, int
 #pragma unroll
                     for (int t = 1; t < kSelectRows; ++t) hj = (j == t) ? h[t] : hj;
                     if (j == kSelectRows) continue;
-                    int incl = hj;
-#pragma unroll
-                    for (int o = 1; o < 32; o *= 2) {
-                        const int v = __shfl_up_sync(kFull, incl, o);
-                        if (lane >= o) incl += v;
-                    }
+                    const int incl = kdt::warp_inclusive_scan(hj);
                     const int from_here = above - (incl - hj);     // paths with bin >= this lane's bin
                     const uint32_t reach = __ballot_sync(kFull, from_here >= B);
                     const int l = 31 - __clz((int)reach);
@@ -478,12 +466,7 @@ __device__ __forceinline__ bool select_build(const float* __restrict__ lp_s, int
                 // Entries in node order: item k of every warp (warps in order) before item k + 1. counts holds
                 // one (item, warp) count per lane in that order, so one warp scan gives every offset.
                 const int c = counts[lane];
-                int incl = c;
-#pragma unroll
-                for (int o = 1; o < 32; o *= 2) {
-                    const int v = __shfl_up_sync(kFull, incl, o);
-                    if (lane >= o) incl += v;
-                }
+                const int incl = kdt::warp_inclusive_scan(c);
                 const int total = __shfl_sync(kFull, incl, 31);
 #pragma unroll
                 for (int k = 0; k < kSelectItems; ++k) {

@@ -14,6 +14,7 @@ from tests.cli_run import run_kdt_cli
 from kdt import fuzz, golden, stages
 from kdt.spec import Case
 from kdt.verify import CaseResult
+from tests.faults import fill_the_disk
 
 
 def fake_kernel(plant=None, raises=None, seen=None):
@@ -243,10 +244,7 @@ def test_a_full_disk_while_saving_keeps_the_old_file(tmp_path, monkeypatch):
     fuzz.save_regression(path, spec, first)
     before = path.read_bytes()
 
-    def disk_full(*args, **kwargs):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(golden, "_write_array", disk_full)
+    fill_the_disk(monkeypatch)
     with pytest.raises(OSError, match="No space left"):
         fuzz.save_regression(path, spec, second)
     assert path.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["tree-build.h5"]

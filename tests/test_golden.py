@@ -11,6 +11,7 @@ import pytest
 
 from kdt import golden, stages
 from kdt.dtypes import BF16
+from tests.faults import fill_the_disk
 
 SPEC = stages.get("tree-accept")
 
@@ -107,10 +108,7 @@ def test_failed_write_leaves_the_old_file_intact(tmp_path, fresh, monkeypatch):
     golden.write(path, SPEC, fresh)
     before = path.read_bytes()
 
-    def disk_full(*args, **kwargs):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(golden, "_write_array", disk_full)
+    fill_the_disk(monkeypatch)
     with pytest.raises(OSError):
         golden.write(path, SPEC, fresh)
     assert path.read_bytes() == before

@@ -21,6 +21,7 @@ from kdt import build, golden, runtime, stages, toolkit
 from kdt.spec import Case
 from refs.errors import BadInput
 from tests.test_fuzz import run_kdt
+from tests.faults import fill_the_disk
 
 
 def words(text: str) -> str:
@@ -157,10 +158,7 @@ def test_a_rename_refused_leaves_the_old_file_and_no_temporary(tmp_path, monkeyp
 def test_full_disk_while_writing(tmp_path, monkeypatch, capsys):
     path, before = _old_golden(tmp_path)
 
-    def disk_full(*args, **kwargs):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(golden, "_write_array", disk_full)
+    fill_the_disk(monkeypatch)
     code, out, err = run_kdt_cli(monkeypatch, capsys, "gen-golden", "tree-build", "--golden-dir", str(tmp_path))
     assert code == 2 and "No space left on device" in err and "Traceback" not in err
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["tree-build.h5"]
