@@ -24,16 +24,25 @@
 //
 // ---------------------------------------------------------------------------------------------------------
 // Fast path, V <= 32: kdt_topk_small_{f32,bf16}_v{1,2,4,8,16,32} (VT = template bound, runtime V <= VT)
-//   launch: grid = R * S blocks (block b -> row b / S, split b % S), 256 threads, 41.2 KB static smem,
-//   __launch_bounds__(256, 3) (sm_90 / sm_120: <= 80 registers, no spills; 3 blocks = 124 KB smem per SM).
+//   launch: grid = R * S blocks (block b -> row b / S, split b % S), 256 threads, 41.2 KB static smem plus
+//   kdt_topk_small_stage_bytes of dynamic smem (sm_90: 32 KB, a 2-step cp.async ring; sm_120: 0).
+//   __launch_bounds__(256, SMALL_MIN_BLOCKS): sm_90 3 blocks (<= 80 registers, 3 x 74 KB smem per SM);
+//   sm_120 2 blocks (what its ~100 KB of shared memory per SM holds); no spills on either.
 //   Each block owns the columns [split*chunk, min(vocab, (split+1)*chunk)) of its row (chunk from the
 //   launcher, a multiple of 64).  The body of the range is read with 16-byte loads (float4 / 8 x bf16), U=4
-//   loads in flight per thread, coalesced across the block (vector index = (step*U + u)*256 + tid); the
+//   per thread and step, coalesced across the block (vector index = (step*U + u)*256 + tid); the
 //   unaligned head and the tail (< 16 bytes each, e.g. odd vocab) are read as scalars by lanes of warp 0.
+//   Step 0 and a partial last step load into registers; the full steps in between stream through the
+//   cp.async ring, issued 2 steps ahead, so every warp keeps ~4 KB in flight while it computes (register
+//   prefetch instead would need ~16 more registers than the 3-blocks-per-SM budget has).
 //   Selection: candidates, not insertions.  After the first loads every thread takes the maximum of its
-//   elements; the block bound is the VT-th largest of these 256 thread maxima (two __syncthreads: a warp
-//   bitonic sort of the lane maxima, then a rank test of the 8 sorted per-warp lists by binary search).
+//   elements; the block bound is the VT-th largest of these 256 thread maxima (block_bound: two
+//   __syncthreads, a warp bitonic sort of the lane maxima, then a rank test of the 8 sorted per-warp lists).
 //   VT distinct elements are >= the bound, so an element with a smaller key cannot be in the block's top VT.
+//   Before full steps 1, 3, 7, 15, ... (while at least as many steps remain) the bound is recomputed from
+//   the threads' running maxima m, which only rises: on a normal row of 163840 logits this cuts the elements
+//   that reach the candidate buffers from ~160 to ~35 per block (the hot path costs ~100 instructions per
+//   warp-step it is taken in).
 //   The hot loop is then: unpack, FMNMX to the vector maximum, the online softmax, and ONE float compare
 //   of each vector maximum against the gate (vote.any over the warp skips the whole step).  Elements that
 //   pass are appended as (key, id) to a per-warp shared buffer (SMALL_CAPW = 384 entries, per-lane shared
@@ -79,6 +88,18 @@ constexpr int SMALL_THREADS = 256;
 constexpr int SMALL_WARPS = SMALL_THREADS / 32;
 constexpr int SMALL_U = 4;          // 16-byte loads in flight per thread and step
 constexpr int SMALL_MAX_V = 32;
+// Dynamic shared memory of the small path: a cp.async ring of SMALL_STAGES steps (0: loads go to registers).
+// sm_90: 2 stages (32 KB; 3 blocks of 74 KB fit the 227 KB of an SM).  sm_120 has ~100 KB of shared memory
+// per SM, where the ring would cost a resident block: it keeps the register loads.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+constexpr int SMALL_STAGES = 0;
+constexpr int SMALL_MIN_BLOCKS = 2;   // what its shared memory holds: 128 registers per thread
+#else
+constexpr int SMALL_STAGES = 2;
+constexpr int SMALL_MIN_BLOCKS = 3;   // 80 registers per thread
+#endif
+constexpr int SMALL_STAGE_BYTES = SMALL_STAGES * SMALL_U * SMALL_THREADS * 16;
+constexpr int SMALL_RING = SMALL_STAGES > 0 ? SMALL_STAGES : 1;    // modulus of the slot index
 constexpr int MAX_SPLITS = 128;
 constexpr int MERGE_CAP = 2048;     // S * VT <= MERGE_CAP (shared-memory merge buffer)
 constexpr int GEN_THREADS = 1024;
@@ -108,6 +129,15 @@ __device__ __forceinline__ float ex2(float x) {
     return exp2f(x);   // host compilation of this file (logic tests with a warp emulator)
 #endif
 }
+
+// 16-byte global -> shared copy that bypasses L1 (cp.async.cg), and its group bookkeeping.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory"); }
 
 // Order-preserving float -> uint32 (larger float -> larger key), -0.0 mapped to +0.0 first.
 __device__ __forceinline__ uint32_t f2key(float x) {
@@ -331,6 +361,46 @@ __device__ __forceinline__ void rank_merge(const uint32_t* lk, const uint32_t* l
     }
 }
 
+// Block-wide: the VT-th largest of the 256 threads' keys v (0 = the thread holds no element), via a bitonic
+// sort of each warp's lane keys and a rank test of the 8 sorted per-warp lists.  Returned to every thread.
+// When every key is an element of the block's range, VT distinct elements are >= the result, so an element
+// below it cannot be in the block's top VT.  s_lists (SMALL_WARPS * VT words) is scratch; two barriers.
+template <int VT>
+__device__ __forceinline__ uint32_t block_bound(uint32_t v, uint32_t* s_lists, uint32_t* s_bound, int lane, int warp,
+                                                int tid) {
+#pragma unroll
+    for (int k = 2; k <= 32; k <<= 1) {                   // bitonic sort, descending over lanes
+#pragma unroll
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            const uint32_t o = __shfl_xor_sync(FULL, v, j);
+            const bool desc = (lane & k) == 0;
+            const bool low = (lane & j) == 0;
+            v = (low == desc) ? max(v, o) : min(v, o);
+        }
+    }
+    if (lane < VT) s_lists[warp * VT + lane] = v;
+    __syncthreads();
+    if (tid < SMALL_WARPS * VT) {                        // is entry tid the VT-th largest of the lists?
+        const uint32_t e = s_lists[tid];
+        int gt = 0, ge = 0;
+#pragma unroll
+        for (int l = 0; l < SMALL_WARPS; ++l) {
+            const uint32_t* L = s_lists + l * VT;
+            int p = 0, q = 0;
+#pragma unroll
+            for (int st = VT / 2; st > 0; st >>= 1) {
+                if (L[p + st - 1] > e) p += st;
+                if (L[q + st - 1] >= e) q += st;
+            }
+            gt += p + (L[p] > e ? 1 : 0);
+            ge += q + (L[q] >= e ? 1 : 0);
+        }
+        if (gt < VT && ge >= VT) *s_bound = e;            // all writers write the same value
+    }
+    __syncthreads();
+    return *s_bound;
+}
+
 __device__ __forceinline__ size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 // ---- fast path ------------------------------------------------------------------------------------------
@@ -404,56 +474,74 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
 
     // ---- warm-up: first loads + head/tail, then the block bound
     load_step(0);
+    // Full steps (all U * T vectors inside the body) 1 .. nfull-1 stream through a ring of SMALL_STAGES
+    // shared-memory slots: step st goes to slot st % SMALL_STAGES, issued SMALL_STAGES steps ahead, one
+    // cp.async group per step (empty past the end, so the group count stays uniform).  Each thread reads
+    // back only the 16-byte words it copied itself, so no barrier is needed, only cp.async.wait_group.
+    const int nfull = nv / (T * U);
+    extern __shared__ uint4 s_stage[];                  // [SMALL_STAGES][U][T]
+    auto issue_step = [&](int st) {
+        if (st < nfull) {
+            uint4* slot = s_stage + (st % SMALL_RING) * U * T;
+#pragma unroll
+            for (int u = 0; u < U; ++u) cp_async16(slot + u * T + tid, vp + (st * U + u) * T + tid);
+        }
+        cp_async_commit();
+    };
+    if constexpr (SMALL_STAGES > 0) {
+#pragma unroll
+        for (int st = 1; st <= SMALL_STAGES; ++st) issue_step(st);
+    }
     float hx[1][1] = {{neg_inf()}};
     const bool hv[1] = {warp == 0 && lane < nht};
     const uint32_t hb[1] = {(uint32_t)(lane < nhead ? lo + lane : a1 + (lane - nhead))};
     if (hv[0]) hx[0][0] = E::load1(rp + hb[0]);
     Gate g;
     {
-        // bound = the VT-th largest key of the block's thread maxima (0: fewer than VT threads hold an
-        // element).  VT distinct elements are >= it, so an element with a smaller key is not in the top VT.
+        // first bound: the VT-th largest of the thread maxima of the first step (and head/tail)
         float lm = hx[0][0];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
 #pragma unroll
             for (int e = 0; e < VW; ++e) lm = fmaxf(lm, x[u][e]);
         }
-        uint32_t v = (hv[0] || valid[0]) ? f2key(lm) : 0u;   // 0: thread holds no element
-#pragma unroll
-        for (int k = 2; k <= 32; k <<= 1) {                   // bitonic sort, descending over lanes
-#pragma unroll
-            for (int j = k >> 1; j > 0; j >>= 1) {
-                const uint32_t o = __shfl_xor_sync(FULL, v, j);
-                const bool desc = (lane & k) == 0;
-                const bool low = (lane & j) == 0;
-                v = (low == desc) ? max(v, o) : min(v, o);
-            }
-        }
-        if (lane < VT) s_k[warp * VT + lane] = v;
-        __syncthreads();
-        if (tid < SMALL_WARPS * VT) {                        // is entry tid the VT-th largest of the lists?
-            const uint32_t e = s_k[tid];
-            int gt = 0, ge = 0;
-#pragma unroll
-            for (int l = 0; l < SMALL_WARPS; ++l) {
-                const uint32_t* L = s_k + l * VT;
-                int p = 0, q = 0;
-#pragma unroll
-                for (int st = VT / 2; st > 0; st >>= 1) {
-                    if (L[p + st - 1] > e) p += st;
-                    if (L[q + st - 1] >= e) q += st;
-                }
-                gt += p + (L[p] > e ? 1 : 0);
-                ge += q + (L[q] >= e ? 1 : 0);
-            }
-            if (gt < VT && ge >= VT) s_bound = e;            // all writers write the same value
-        }
-        __syncthreads();
-        g.set(s_bound, ~0u);
+        const uint32_t v = (hv[0] || valid[0]) ? f2key(lm) : 0u;   // 0: thread holds no element
+        g.set(block_bound<VT>(v, s_k, &s_bound, lane, warp, tid), ~0u);
     }
     process_group<VT, 1, 1>(hx, hv, hb, m, s, g, buf, cnt, wk, wi, lane);
     process_group<VT, U, VW>(x, valid, base, m, s, g, buf, cnt, wk, wi, lane);
-    for (int step = 1; step < nsteps; ++step) {
+    // Steps whose U * T vectors all lie inside the body: no bounds test and no -inf fill.  Before steps 1, 3,
+    // 7, 15, ... the gate is raised to the VT-th largest running maximum of the threads (m is an element
+    // seen so far, or -FLT_MAX before any finite one): the gate then tracks the top VT of a doubling prefix
+    // of the range, and far fewer elements reach the candidate buffers than with the first step's bound.
+    const bool all_valid[U] = {true, true, true, true};
+    int step = 1;
+    for (; step < nfull; ++step) {
+        Vec v[U];
+        if constexpr (SMALL_STAGES > 0) {
+            cp_async_wait<SMALL_STAGES - 1>();              // this step's group has landed
+            const uint4* slot = s_stage + (step % SMALL_RING) * U * T;
+#pragma unroll
+            for (int u = 0; u < U; ++u) v[u] = *reinterpret_cast<const Vec*>(slot + u * T + tid);
+        } else {
+#pragma unroll
+            for (int u = 0; u < U; ++u) v[u] = __ldcs(vp + (step * U + u) * T + tid);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) base[u] = (uint32_t)(a0 + ((step * U + u) * T + tid) * VW);
+        // block-uniform, with this step's loads in flight; it pays off only while as many steps remain
+        if ((step & (step + 1)) == 0 && nfull >= 2 * (step + 1)) {
+            const uint32_t b = block_bound<VT>(m > -FLT_MAX ? f2key(m) : 0u, s_k, &s_bound, lane, warp, tid);
+            if (b > g.gk) g.set(b, ~0u);
+        }
+
+#pragma unroll
+        for (int u = 0; u < U; ++u) E::unpack(v[u], x[u]);
+        if constexpr (SMALL_STAGES > 0) issue_step(step + SMALL_STAGES);   // into the slot just read
+        process_group<VT, U, VW>(x, all_valid, base, m, s, g, buf, cnt, wk, wi, lane);
+    }
+    if constexpr (SMALL_STAGES > 0) cp_async_wait<0>();
+    for (; step < nsteps; ++step) {
         load_step(step);
         process_group<VT, U, VW>(x, valid, base, m, s, g, buf, cnt, wk, wi, lane);
     }
@@ -732,10 +820,11 @@ extern "C" __constant__ int kdt_topk_merge_cap = MERGE_CAP;
 extern "C" __constant__ int kdt_topk_general_threads = GEN_THREADS;
 extern "C" __constant__ int kdt_topk_max_v = MAX_V;
 extern "C" __constant__ int kdt_topk_max_vocab = MAX_VOCAB;
+extern "C" __constant__ int kdt_topk_small_stage_bytes = SMALL_STAGE_BYTES;
 
 // ---- entry points ---------------------------------------------------------------------------------------
 #define KDT_TOPK_SMALL(DT, TIN, VT)                                                                         \
-    extern "C" __global__ void __launch_bounds__(SMALL_THREADS, 3) kdt_topk_small_##DT##_v##VT(          \
+    extern "C" __global__ void __launch_bounds__(SMALL_THREADS, SMALL_MIN_BLOCKS) kdt_topk_small_##DT##_v##VT(          \
         const TIN* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp,          \
         unsigned char* __restrict__ ws, int vocab, int V, int chunk, int S) {                            \
         small_impl<TIN, VT>(logits, top_ids, top_logp, ws, vocab, V, chunk, S);                           \

@@ -45,22 +45,23 @@
 //   with no admissible key) get out 0 and lse -inf.
 //   Split (flash-decoding, num_splits > 1, grid z): split s of a request takes key tiles
 //   [s*per, (s+1)*per), per = ceil(tiles / num_splits) from the request's actual prefix_len; it writes O / l
-//   and lse (-inf for an empty split) to the workspace; kdt_verify_attn_combine merges the splits through lse
-//   and zeroes every workspace word it read, so the workspace is left in its zero state.
+//   and lse (-inf for an empty split) to the workspace; kdt_verify_attn_combine merges the splits through lse.
+//   The workspace holds no state between launches: every word the combine reads was written by the same
+//   launch, so it is not zeroed afterwards.
 //
 // Launch shape
 //   kdt_verify_attn_fwd:     grid (ceil(N*H/64), G, num_splits), block 256, dynamic smem
 //                            kdt_verify_attn_smem_bytes: 230912 B on sm_90 / sm_100 (Q 72 KB + 2 x 72 KB key
 //                            tiles of 64 tokens + P 8 KB + 1.5 KB row stats); 95744 B on sm_120 (Q 72 KB + one
 //                            18 KB tile of 16 tokens + P 2 KB + stats, under the 99 KB limit). 1 CTA per SM.
-//   kdt_verify_attn_combine: grid (ceil(N*H/8), G), block 256 (one warp per row), no smem; only when
+//   kdt_verify_attn_combine: grid (ceil(N*H/2), G), block 256 (4 warps per row), no smem; only when
 //                            num_splits > 1. num_splits comes from shapes only (graph capturable).
 //
 // Memory traffic
 //   Keys: every query tile of a request reads all of its prefix + tree keys once: ceil(N*H/64) *
 //   (prefix + N) * 1152 B per request (HBM once, L2 for the other query tiles, which run concurrently).
 //   Q: 72 KB per CTA; out: N*H*Dv*4 (or 2) B; lse: N*H*4 B; split partials: num_splits * G * ceil(N*H/64) * 64
-//   * 513 * 4 B written once, read once and zeroed once.
+//   * 513 * 4 B written once and read once (mostly from L2).
 //   FLOPs counted: 2*H*N*(prefix+N)*(576+512); rows past n_nodes and padding rows of the last query tile
 //   are computed anyway (masked out at the end).
 
@@ -127,7 +128,11 @@ constexpr int OFF_INVL = OFF_ALPHA + ROWS * 4;          // float [ROWS]
 constexpr int SMEM_BYTES = OFF_INVL + ROWS * 4;
 
 constexpr int COMBINE_THREADS = 256;
-constexpr int COMBINE_ROWS = COMBINE_THREADS / 32;      // one warp per output row
+constexpr int COMBINE_WARPS_PER_ROW = 4;                // each warp: DV / 4 value columns, a float4 per lane
+constexpr int COMBINE_ROWS = COMBINE_THREADS / 32 / COMBINE_WARPS_PER_ROW;   // output rows per block
+constexpr int COMBINE_UNROLL = 8;                       // partial-row loads in flight per lane (divides 32)
+static_assert(DV == 4 * 32 * COMBINE_WARPS_PER_ROW, "combine: a float4 per lane covers the value row");
+static_assert(COMBINE_THREADS % (32 * COMBINE_WARPS_PER_ROW) == 0, "combine: whole rows per block");
 
 static_assert(!WG_S || (ROWS == 64 && KV_T == 64 && TW == 32 && WARPS == 8 && OFF_KV % 1024 == 0 &&
                         KV_TILE_BYTES % 1024 == 0), "wgmma S: two warpgroups x (64 rows x 32 keys), 1 KB atoms");
@@ -695,7 +700,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
 #pragma unroll
             for (int nt = 0; nt < 2 * PV_NP; ++nt) {
                 const int col = DV_W * warp + 8 * nt + 2 * cq;
-                // inv == 0 (row past n_nodes / no key): +0, never -0, so the workspace returns to zero
+                // inv == 0 (row past n_nodes / no key): +0, never -0 (the contract's zero rows)
                 const float v0 = inv != 0.f ? o[mt][nt][2 * half] * inv : 0.f;
                 const float v1 = inv != 0.f ? o[mt][nt][2 * half + 1] * inv : 0.f;
                 if (split_mode) {
@@ -711,72 +716,77 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Split combine. grid (ceil(N*H/8), G), block 256: one warp per query row.
+// Split combine. grid (ceil(N*H/COMBINE_ROWS), G), block 256: COMBINE_WARPS_PER_ROW warps per query row, each
+// owning DV / COMBINE_WARPS_PER_ROW value columns (one float4 per lane).  The split weights are computed
+// first, so the loads of the partial rows are independent of each other and COMBINE_UNROLL of them are in
+// flight per lane: the partials were just written by the main kernel and mostly come from L2, where a
+// one-load-at-a-time loop would be latency-bound.  Every workspace word read here was written by this
+// launch's main kernel (partial O only where its lse is finite), so nothing needs zeroing afterwards.
 extern "C" __global__ void __launch_bounds__(va::COMBINE_THREADS)
-    kdt_verify_attn_combine(float* __restrict__ part_o, float* __restrict__ part_lse,
+    kdt_verify_attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_lse,
                             const int* __restrict__ n_nodes, int G, int N, int H, int num_splits, int Rpad,
                             int out_bf16, void* __restrict__ out, float* __restrict__ lse) {
     using namespace va;
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
     const int g = blockIdx.y;
-    const int r = blockIdx.x * COMBINE_ROWS + warp;
+    const int r = blockIdx.x * COMBINE_ROWS + warp / COMBINE_WARPS_PER_ROW;
+    const int col = 4 * (lane + 32 * (warp % COMBINE_WARPS_PER_ROW));
     const int R = N * H;
     if (r >= R) return;
     const int active = min(max(n_nodes[g] + 1, 0), N) * H;
-    constexpr int PER_LANE = DV / 128;  // float4 per lane
-    float4 acc[PER_LANE];
-#pragma unroll
-    for (int j = 0; j < PER_LANE; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    const size_t split_stride = static_cast<size_t>(G) * Rpad;    // rows between two splits of one row
+    const float* row_lse = part_lse + static_cast<size_t>(g) * Rpad + r;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     float lse_out = NEG_INF;
     if (r < active) {
         float mx = NEG_INF;
-        for (int s = lane; s < num_splits; s += 32)
-            mx = fmaxf(mx, part_lse[(static_cast<size_t>(s) * G + g) * Rpad + r]);
+        for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, row_lse[s * split_stride]);
 #pragma unroll
         for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
         if (mx != NEG_INF) {
             float den = 0.f;
-            for (int s = lane; s < num_splits; s += 32)
-                den += expf(part_lse[(static_cast<size_t>(s) * G + g) * Rpad + r] - mx);
+            for (int s = lane; s < num_splits; s += 32) den += expf(row_lse[s * split_stride] - mx);
 #pragma unroll
             for (int d = 16; d > 0; d >>= 1) den += __shfl_xor_sync(0xffffffffu, den, d);
             const float inv_den = 1.f / den;
-            for (int s = 0; s < num_splits; ++s) {
-                const size_t prow = (static_cast<size_t>(s) * G + g) * Rpad + r;
-                const float ls = part_lse[prow];
-                if (ls == NEG_INF) continue;  // empty split: its partial O was never written
-                const float w = expf(ls - mx) * inv_den;
-                float4* src = reinterpret_cast<float4*>(part_o + prow * DV);
+            const float4* src = reinterpret_cast<const float4*>(part_o + (static_cast<size_t>(g) * Rpad + r) * DV + col);
+            const size_t src_stride = split_stride * (DV / 4);
+            for (int s0 = 0; s0 < num_splits; s0 += 32) {
+                // lane j holds the weight of split s0 + j; 0 for an empty split (lse -inf), whose partial O
+                // was never written this launch: it is still loaded (in bounds), but the select drops it
+                const int s_lane = s0 + lane;
+                const float ls = s_lane < num_splits ? row_lse[s_lane * split_stride] : NEG_INF;
+                const float w_lane = ls != NEG_INF ? expf(ls - mx) * inv_den : 0.f;
+                const int count = min(32, num_splits - s0);
+                for (int j0 = 0; j0 < count; j0 += COMBINE_UNROLL) {
+                    float4 v[COMBINE_UNROLL];
 #pragma unroll
-                for (int j = 0; j < PER_LANE; ++j) {
-                    const float4 v = src[lane + 32 * j];
-                    src[lane + 32 * j] = make_float4(0.f, 0.f, 0.f, 0.f);  // hand the workspace back zeroed
-                    acc[j].x += w * v.x;
-                    acc[j].y += w * v.y;
-                    acc[j].z += w * v.z;
-                    acc[j].w += w * v.w;
+                    for (int u = 0; u < COMBINE_UNROLL; ++u)     // all loads first: COMBINE_UNROLL in flight
+                        v[u] = j0 + u < count ? __ldcs(src + (s0 + j0 + u) * src_stride) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                    for (int u = 0; u < COMBINE_UNROLL; ++u) {
+                        const float w = __shfl_sync(0xffffffffu, w_lane, (j0 + u) & 31);
+                        if (j0 + u < count && w != 0.f) {
+                            acc.x = fmaf(w, v[u].x, acc.x);
+                            acc.y = fmaf(w, v[u].y, acc.y);
+                            acc.z = fmaf(w, v[u].z, acc.z);
+                            acc.w = fmaf(w, v[u].w, acc.w);
+                        }
+                    }
                 }
             }
             lse_out = mx + logf(den);
         }
     }
-    // Partials with lse -inf hold +0 (or were never written); the others were zeroed above. Zero the lse
-    // partials of every row (the main kernel writes -inf for rows past n_nodes inside live tiles).
-    __syncwarp();
-    for (int s = lane; s < num_splits; s += 32) part_lse[(static_cast<size_t>(s) * G + g) * Rpad + r] = 0.f;
     const size_t orow = static_cast<size_t>(g) * R + r;
-#pragma unroll
-    for (int j = 0; j < PER_LANE; ++j) {
-        const int col = 4 * (lane + 32 * j);
-        if (out_bf16) {
-            uint2 v;
-            v.x = pack_bf16(acc[j].x, acc[j].y);
-            v.y = pack_bf16(acc[j].z, acc[j].w);
-            *reinterpret_cast<uint2*>(static_cast<uint16_t*>(out) + orow * DV + col) = v;
-        } else {
-            *reinterpret_cast<float4*>(static_cast<float*>(out) + orow * DV + col) = acc[j];
-        }
+    if (out_bf16) {
+        uint2 v;
+        v.x = pack_bf16(acc.x, acc.y);
+        v.y = pack_bf16(acc.z, acc.w);
+        *reinterpret_cast<uint2*>(static_cast<uint16_t*>(out) + orow * DV + col) = v;
+    } else {
+        *reinterpret_cast<float4*>(static_cast<float*>(out) + orow * DV + col) = acc;
     }
-    if (lane == 0) lse[orow] = lse_out;
+    if (lane == 0 && warp % COMBINE_WARPS_PER_ROW == 0) lse[orow] = lse_out;
 }

@@ -85,3 +85,42 @@ def test_kernel_matches_reference_on_random_inputs(seed):
     from tests.gpu_checks import assert_random_case_passes
 
     assert_random_case_passes("topk", seed)
+
+
+def long_rows(vocab: int, seed: int) -> np.ndarray:
+    """Eight rows that each stress the candidate gate of a block that scans a whole row: normal logits, a
+    strictly ascending row (every step holds new maxima), a descending one, one value everywhere, a 0.5 grid
+    of ties, a masked row with three finite logits at the very end, the maximum in the last column, and
+    magnitudes near the float32 limit."""
+    rng = np.random.default_rng(seed)
+    rows = np.empty((8, vocab), np.float32)
+    rows[0] = rng.standard_normal(vocab) * 1.5
+    rows[1] = np.arange(vocab, dtype=np.float32) * np.float32(1e-3)
+    rows[2] = rows[1][::-1]
+    rows[3] = -1.25
+    rows[4] = np.round(rng.standard_normal(vocab) * 2) / 2
+    rows[5] = -np.inf
+    rows[5, -3:] = [0.5, -2.0, 0.5]
+    rows[6] = rng.standard_normal(vocab)
+    rows[6, -1] = 9.0
+    rows[7] = rng.standard_normal(vocab) * np.float32(1e37)
+    return rows.reshape(1, 8, vocab)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("k", [1, 8, 32])
+def test_kernel_whole_row_blocks_on_adversarial_rows(bf16, k, monkeypatch):
+    """Few rows normally split over many blocks of one or two steps each; with the split switched off one
+    block scans a whole row (20 to 64 steps), which is where the gate is raised at steps 1, 3, 7, 15, ..."""
+    import kdt.launch.topk as launcher
+    from kdt import ops, stages, verify
+
+    monkeypatch.setattr(launcher, "MIN_CHUNK", launcher.MAX_VOCAB)   # S = 1: one block per row
+    monkeypatch.setattr(ops, "_workspaces", {})                      # no workspace sized for another plan
+    vocab = 163840 + 7                                                # an unaligned tail as well
+    assert launcher.plan(8, vocab, k, 132)[1] == 1
+    logits = long_rows(vocab, seed=k)
+    case = stage._case(f"whole_rows_k{k}", "one block per row", k, k, to_bf16(logits) if bf16 else logits)
+    result = verify.verify_fresh(stages.get("topk"), case)
+    assert result.passed, [(f.name, f.mismatches, f.diffs[:2]) for f in result.fields if not f.ok]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kdt.launch.common import is_capturing, kernel_constants, sm_count
+from kdt.launch.common import kernel_constants, sm_count
 
 try:  # the package may be imported on a machine without CuPy (spec checks, docs)
     import cupy as cp
@@ -38,7 +38,7 @@ MAX_V = 1024
 MAX_VOCAB = 1 << 18
 
 # Split tuning (performance only; any S in [1, limits] gives the same ids and logp within float rounding).
-BLOCKS_PER_SM = 3      # resident small-path blocks per SM (256 threads, <= 80 registers, 41.2 KB smem)
+BLOCKS_PER_SM = 3      # resident small-path blocks per SM on sm_90 (256 threads, <= 80 registers, 74 KB smem)
 MANY_ROWS_WAVES = 2    # when rows >= one wave of blocks: aim for this many waves of blocks in total (swept on the H200: 2 beats 4 and 8)
 MIN_CHUNK = 8192       # at least this many columns per block (swept on the H200: fewer, fatter blocks for few rows)
 CHUNK_ALIGN = 64       # chunk is a multiple of this many columns
@@ -52,6 +52,7 @@ _CONSTS = {
     "kdt_topk_max_v": MAX_V,
     "kdt_topk_max_vocab": MAX_VOCAB,
 }
+STAGE_BYTES = "kdt_topk_small_stage_bytes"   # per-arch dynamic smem of the small path, read from the module
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -109,13 +110,14 @@ def workspace_nbytes(shapes: dict, params: dict) -> int:
     return _ws_bytes(rows, S, vt)
 
 
-def _check_module(module) -> None:
-    """The launcher's copies of the kernel's constants must be the kernel's (they shape the launch)."""
-    if is_capturing():  # a device read cannot be captured: checked on the next uncaptured launch instead
-        return
-    for name, got in kernel_constants(module, "", _CONSTS).items():
-        if got != _CONSTS[name]:
-            raise RuntimeError(f"topk: kernel constant {name}={got} but the launcher assumes {_CONSTS[name]}")
+def _check_module(module) -> int:
+    """The launcher's copies of the kernel's constants must be the kernel's (they shape the launch).
+    Returns the small path's dynamic shared memory in bytes (it differs per arch)."""
+    constants = kernel_constants(module, "", [*_CONSTS, STAGE_BYTES])
+    for name, want in _CONSTS.items():
+        if constants[name] != want:
+            raise RuntimeError(f"topk: kernel constant {name}={constants[name]} but the launcher assumes {want}")
+    return constants[STAGE_BYTES]
 
 
 def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None:
@@ -146,7 +148,7 @@ def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None
         raise ValueError("topk: logits must be C-contiguous")
     if rows == 0:
         return
-    _check_module(module)
+    stage_bytes = _check_module(module)
 
     vt, S, chunk = plan(rows, vocab, V, sm_count())
     if vt is None:
@@ -163,5 +165,8 @@ def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None
     else:
         ws = np.uint64(0)  # null pointer: the kernel never touches the workspace when S == 1
     fn = module.get_function(f"kdt_topk_small_{sfx}_v{vt}")
+    if stage_bytes:
+        fn.max_dynamic_shared_size_bytes = stage_bytes
     fn((rows * S,), (SMALL_THREADS,),
-       (logits, top_ids, top_logp, ws, np.int32(vocab), np.int32(V), np.int32(chunk), np.int32(S)))
+       (logits, top_ids, top_logp, ws, np.int32(vocab), np.int32(V), np.int32(chunk), np.int32(S)),
+       shared_mem=stage_bytes)

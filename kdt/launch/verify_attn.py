@@ -2,15 +2,16 @@
 
 Kernels (see the header of the .cu for the algorithm):
   kdt_verify_attn_fwd      grid (ceil(N*H/64), G, splits), 256 threads, kdt_verify_attn_smem_bytes of dynamic smem
-  kdt_verify_attn_combine  grid (ceil(N*H/8), G), 256 threads; only when splits > 1
+  kdt_verify_attn_combine  grid (ceil(N*H/2), G), 256 threads (4 warps per row); only when splits > 1
 
 Limits: Dqk = 576 and Dv = 512 only (MLA absorbed latent 512 + rope 64); other dims raise BadInput. G <= 65535.
 
 Split (flash-decoding): when G * ceil(N*H/64) CTAs cannot fill the GPU, the key tiles of each request are split
 over `splits` CTAs (grid z) that write normalised partials + lse to the workspace, and the combine kernel merges
 them. `splits` is a function of the shapes and the SM count only (never of device data), so a launch can be
-captured in a CUDA graph; the per-split tile ranges follow the actual prefix_len on the device. The combine
-kernel zeroes every workspace byte it consumed, so the workspace is handed back in its zero state.
+captured in a CUDA graph; the per-split tile ranges follow the actual prefix_len on the device. The workspace
+carries nothing between launches: the combine reads only words the same launch's main kernel wrote, so it is
+not zeroed afterwards (kernel-abi.md: only state that a kernel reads before writing must return to zero).
 """
 
 from __future__ import annotations
