@@ -156,6 +156,14 @@ __device__ __forceinline__ void stat_merge(float& m, float& s, float om, float o
     m = M;
 }
 
+// Online softmax: a new group maximum gm above m rescales s = sum exp(. - m) to the new base.
+__device__ __forceinline__ void raise_max(float& m, float& s, float gm) {
+    if (gm > m) {
+        s *= ex2((m - gm) * LOG2E);
+        m = gm;
+    }
+}
+
 // Every lane ends with the warp's (max, sum of exp) of the lanes' partials.
 __device__ __forceinline__ void warp_fold_stats(float& m, float& s) {
 #pragma unroll
@@ -291,10 +299,7 @@ __device__ __forceinline__ void process_group(float (&x)[NV][VW], const bool (&v
     float gm = vm[0];
 #pragma unroll
     for (int u = 1; u < NV; ++u) gm = fmaxf(gm, vm[u]);
-    if (gm > m) {
-        s *= ex2((m - gm) * LOG2E);
-        m = gm;
-    }
+    raise_max(m, s, gm);
     float ev[NV * VW];
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
@@ -695,10 +700,7 @@ __device__ __forceinline__ void general_impl(const Tin* __restrict__ logits, int
         float gm = x[0];
 #pragma unroll
         for (int u = 1; u < U; ++u) gm = fmaxf(gm, x[u]);
-        if (gm > m) {
-        s *= ex2((m - gm) * LOG2E);
-        m = gm;
-    }
+        raise_max(m, s, gm);
         float ev[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) ev[u] = ex2((x[u] - m) * LOG2E);

@@ -130,7 +130,7 @@ constexpr int SMEM_BYTES = OFF_INVL + ROWS * 4;
 constexpr int COMBINE_THREADS = 256;
 constexpr int COMBINE_WARPS_PER_ROW = 4;                // each warp: DV / 4 value columns, a float4 per lane
 constexpr int COMBINE_ROWS = COMBINE_THREADS / 32 / COMBINE_WARPS_PER_ROW;   // output rows per block
-constexpr int COMBINE_UNROLL = 8;                       // partial-row loads in flight per lane (divides 32)
+constexpr int COMBINE_UNROLL = 8;                       // partial-row loads in flight per lane
 static_assert(DV == 4 * 32 * COMBINE_WARPS_PER_ROW, "combine: a float4 per lane covers the value row");
 static_assert(COMBINE_THREADS % (32 * COMBINE_WARPS_PER_ROW) == 0, "combine: whole rows per block");
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-# id(module) -> (module, constants); the module is kept so its id cannot be reused by another object.
-_constants: dict[int, tuple[object, dict[str, int]]] = {}
+# id(module) -> (module, what the launchers keep for it); the module is kept so its id cannot be reused.
+_per_module: dict[int, tuple[object, dict]] = {}
 _multiprocessors: dict[int, int] = {}
 
 
@@ -21,14 +21,25 @@ def is_capturing() -> bool:
         return False
 
 
+def module_cache(module) -> dict:
+    """A dict for what a launcher reads once per loaded module (constants, functions): it lives as long as
+    `module` does."""
+    entry = _per_module.get(id(module))
+    if entry is None or entry[0] is not module:
+        entry = _per_module[id(module)] = (module, {})
+    return entry[1]
+
+
 def kernel_constants(module, prefix: str, names: Iterable[str]) -> dict[str, int]:
     """`extern "C" __constant__ int <prefix><name>` of each name, as the kernel source defines them.
 
     The first call for a module copies them to the host, which a CUDA graph cannot capture: launch once
     before capturing (kdt's verify, bench and pipeline do)."""
-    entry = _constants.get(id(module))
-    if entry is not None and entry[0] is module:
-        return entry[1]
+    names = tuple(names)
+    cache = module_cache(module)
+    key = ("constants", prefix, names)
+    if key in cache:
+        return cache[key]
     if is_capturing():
         raise RuntimeError(f"the first launch with a module reads its launch constants ({prefix}*) from the "
                            "device and cannot be graph-captured; launch once before capturing")
@@ -38,8 +49,21 @@ def kernel_constants(module, prefix: str, names: Iterable[str]) -> dict[str, int
     for name in names:
         pointer = module.get_global(prefix + name)
         values[name] = int(cupy.ndarray((1,), dtype=cupy.int32, memptr=pointer).get()[0])
-    _constants[id(module)] = (module, values)
+    cache[key] = values
     return values
+
+
+def kernel_function(module, name: str, dynamic_smem: int = 0):
+    """`module.get_function(name)`, fetched once per module, and allowed `dynamic_smem` bytes of dynamic
+    shared memory: the opt-in is a driver call, made only when a launch needs more than any before."""
+    functions = module_cache(module).setdefault("functions", {})
+    slot = functions.get(name)
+    if slot is None:
+        slot = functions[name] = [module.get_function(name), 0]
+    if dynamic_smem > slot[1]:
+        slot[0].max_dynamic_shared_size_bytes = dynamic_smem
+        slot[1] = dynamic_smem
+    return slot[0]
 
 
 def sm_count(default: int | None = None) -> int:

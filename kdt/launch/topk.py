@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kdt.launch.common import kernel_constants, sm_count
+from kdt.launch.common import kernel_constants, kernel_function, module_cache, sm_count
 
 try:  # the package may be imported on a machine without CuPy (spec checks, docs)
     import cupy as cp
@@ -110,14 +110,17 @@ def workspace_nbytes(shapes: dict, params: dict) -> int:
     return _ws_bytes(rows, S, vt)
 
 
-def _check_module(module) -> int:
-    """The launcher's copies of the kernel's constants must be the kernel's (they shape the launch).
-    Returns the small path's dynamic shared memory in bytes (it differs per arch)."""
-    constants = kernel_constants(module, "", [*_CONSTS, STAGE_BYTES])
-    for name, want in _CONSTS.items():
-        if constants[name] != want:
-            raise RuntimeError(f"topk: kernel constant {name}={constants[name]} but the launcher assumes {want}")
-    return constants[STAGE_BYTES]
+def _stage_bytes(module) -> int:
+    """The small path's dynamic shared memory in bytes (it differs per arch), once the launcher's copies of
+    the kernel's constants are checked against the kernel's (they shape the launch); once per module."""
+    cache = module_cache(module)
+    if "stage_bytes" not in cache:
+        constants = kernel_constants(module, "", [*_CONSTS, STAGE_BYTES])
+        for name, want in _CONSTS.items():
+            if constants[name] != want:
+                raise RuntimeError(f"topk: kernel constant {name}={constants[name]} but the launcher assumes {want}")
+        cache["stage_bytes"] = constants[STAGE_BYTES]
+    return cache["stage_bytes"]
 
 
 def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None:
@@ -148,11 +151,11 @@ def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None
         raise ValueError("topk: logits must be C-contiguous")
     if rows == 0:
         return
-    stage_bytes = _check_module(module)
+    stage_bytes = _stage_bytes(module)
 
     vt, S, chunk = plan(rows, vocab, V, sm_count())
     if vt is None:
-        fn = module.get_function(f"kdt_topk_general_{sfx}")
+        fn = kernel_function(module, f"kdt_topk_general_{sfx}")
         fn((rows,), (GENERAL_THREADS,), (logits, top_ids, top_logp, np.int32(vocab), np.int32(V)))
         return
 
@@ -164,9 +167,7 @@ def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None
         ws = workspace
     else:
         ws = np.uint64(0)  # null pointer: the kernel never touches the workspace when S == 1
-    fn = module.get_function(f"kdt_topk_small_{sfx}_v{vt}")
-    if stage_bytes:
-        fn.max_dynamic_shared_size_bytes = stage_bytes
+    fn = kernel_function(module, f"kdt_topk_small_{sfx}_v{vt}", stage_bytes)
     fn((rows * S,), (SMALL_THREADS,),
        (logits, top_ids, top_logp, ws, np.int32(vocab), np.int32(V), np.int32(chunk), np.int32(S)),
        shared_mem=stage_bytes)

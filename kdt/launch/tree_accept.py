@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kdt.launch.common import kernel_constants, sm_count
+from kdt.launch.common import kernel_constants, kernel_function, module_cache, sm_count
 from refs.errors import BadInput
 
 _PREFIX = "kdt_tree_accept_"
@@ -26,7 +26,6 @@ _LOGITS_KERNEL = "tree_accept_from_logits"
 _OUTPUTS = ("accept_len", "accept_index", "accept_tokens")
 _MAX_BLOCKS = 2**31 - 1
 
-_modules: dict[int, tuple[object, dict]] = {}  # id(module) -> (module, constants and functions)
 
 
 def _cupy():
@@ -37,14 +36,13 @@ def _cupy():
 
 def _module_info(module) -> dict:
     """The kernel's launch constants (read once from its __constant__ symbols) and entry points."""
-    entry = _modules.get(id(module))
-    if entry is not None and entry[0] is module:
-        return entry[1]
-    info: dict = dict(kernel_constants(module, _PREFIX, _CONSTANTS))
-    info["predict"] = module.get_function(_PREDICT_KERNEL)
-    info["logits"] = module.get_function(_LOGITS_KERNEL)
-    _modules[id(module)] = (module, info)  # the reference keeps id(module) from being reused
-    return info
+    cache = module_cache(module)
+    if "info" not in cache:
+        info: dict = dict(kernel_constants(module, _PREFIX, _CONSTANTS))
+        info["predict"] = kernel_function(module, _PREDICT_KERNEL)
+        info["logits"] = kernel_function(module, _LOGITS_KERNEL)
+        cache["info"] = info
+    return cache["info"]
 
 
 def _logits_bf16(logits, params: dict) -> bool:

@@ -16,14 +16,13 @@ import os
 
 import numpy as np
 
-from kdt.launch.common import kernel_constants
+from kdt.launch.common import kernel_constants, kernel_function
 
 _PREFIX = "kdt_tree_build_"
 _CONSTANTS = ("threads", "smem_budget", "smem_slot_bytes", "smem_header_bytes", "max_budget", "max_depth",
               "max_fanout", "select_min_budget", "select_max_fanout", "smem_select_fixed_bytes",
               "smem_select_bytes_per_cap", "smem_select_bytes_per_ranked")
 _SLOTS_PER_LANE = (1, 2, 4, 8, 16, 32)
-_DEFAULT_SMEM = 48 * 1024
 SELECT_MIN_BUDGET_ENV = "KDT_TREE_BUILD_SELECT_MIN_BUDGET"
 # Select-path capacities (entries). Ranked: paths at or above the threshold bin, measured at B to 1.05 B on
 # drafter inputs. Pool (one-pass layout): every path counted on the way, measured up to 7.8 B at B = 255 and
@@ -32,19 +31,6 @@ SELECT_MIN_RANKED = 256
 SELECT_MIN_POOL = 1024
 SELECT_POOL_PER_SLOT = 16
 SELECT_MAX_POOL = 4096
-
-# id(module) -> (module, state); the module is kept so its id cannot be reused by another object.
-_STATE: dict[int, tuple[object, dict]] = {}
-
-
-def _state(module) -> dict:
-    entry = _STATE.get(id(module))
-    if entry is None or entry[0] is not module:
-        constants = kernel_constants(module, _PREFIX, _CONSTANTS)
-        entry = (module, {"constants": constants, "functions": {}})   # name -> [function, smem limit set]
-        _STATE[id(module)] = entry
-    return entry[1]
-
 
 def slots_per_lane(budget: int) -> int:
     """NPL: the smallest power of two >= ceil((budget + 1) / 32)."""
@@ -117,8 +103,7 @@ def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None
     budget = int(params["budget"])
     groups, depth, fanout = (int(x) for x in top_logp.shape)
 
-    state = _state(module)
-    constants = state["constants"]
+    constants = kernel_constants(module, _PREFIX, _CONSTANTS)
     if not 1 <= budget <= constants["max_budget"]:
         raise ValueError(f"tree-build: budget must be in [1, {constants['max_budget']}], got {budget}")
     if not 1 <= depth <= constants["max_depth"]:
@@ -135,13 +120,7 @@ def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None
     npl, staged, pool, ranked, smem = smem_layout(depth, fanout, budget, constants)
     # Ranks up to B are the most a build can read; the _g variant reads those past Vs from global memory.
     name = f"{_PREFIX}p{npl}" + ("" if staged >= min(fanout, budget + 1) else "_g")
-    slot = state["functions"].get(name)
-    if slot is None:
-        slot = state["functions"][name] = [module.get_function(name), _DEFAULT_SMEM]
-    function = slot[0]
-    if smem > slot[1]:   # above the default 48 KiB a kernel must opt in (up to 96 KiB here)
-        function.max_dynamic_shared_size_bytes = smem
-        slot[1] = smem
+    function = kernel_function(module, name, smem)
 
     function(
         (groups,),

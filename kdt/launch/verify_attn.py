@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from kdt.launch.common import kernel_constants, sm_count
+from kdt.launch.common import kernel_constants, kernel_function, module_cache, sm_count
 from refs.errors import BadInput
 
 ROWS = 64                    # query rows (slot, head) per CTA; checked against kdt_verify_attn_rows
@@ -34,7 +34,6 @@ FWD = "kdt_verify_attn_fwd"
 COMBINE = "kdt_verify_attn_combine"
 _CONSTANTS = ("threads", "rows", "kv_tile", "smem_bytes", "dqk", "dv", "page", "combine_threads", "combine_rows")
 
-_modules: dict[int, tuple[object, dict]] = {}   # id(module) -> (module, constants and functions)
 
 
 def _check_dims(key_dim: int, d_v: int) -> None:
@@ -69,21 +68,19 @@ def workspace_nbytes(shapes: dict[str, tuple[int, ...]], params: dict) -> int:
 
 
 def _kernels(module) -> dict:
-    """Launch constants (from the cubin) and functions, read once per module."""
-    entry = _modules.get(id(module))
-    if entry is not None and entry[0] is module:
-        return entry[1]
-    found = kernel_constants(module, "kdt_verify_attn_", _CONSTANTS)
+    """Launch constants (from the cubin) and functions, read and checked once per module."""
+    cache = module_cache(module)
+    if "kernels" in cache:
+        return cache["kernels"]
+    found = dict(kernel_constants(module, "kdt_verify_attn_", _CONSTANTS))
     expected = {"rows": ROWS, "dqk": KEY_DIM, "dv": VALUE_DIM, "page": PAGE_SIZE}
     for name, value in expected.items():
         if found[name] != value:
             raise RuntimeError(f"verify_attn cubin has kdt_verify_attn_{name} = {found[name]}, launcher expects "
                                f"{value}: rebuild the kernel")
-    fwd = module.get_function(FWD)
-    fwd.max_dynamic_shared_size_bytes = found["smem_bytes"]
-    found["fwd"] = fwd
-    found["combine"] = module.get_function(COMBINE)
-    _modules[id(module)] = (module, found)
+    found["fwd"] = kernel_function(module, FWD, found["smem_bytes"])
+    found["combine"] = kernel_function(module, COMBINE)
+    cache["kernels"] = found
     return found
 
 
