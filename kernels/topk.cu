@@ -23,7 +23,8 @@
 // logf), so the total stays around 2e-6.  m starts at -FLT_MAX (not -inf) so that no inf - inf ever occurs.
 //
 // ---------------------------------------------------------------------------------------------------------
-// Fast path, V <= 32: kdt_topk_small_{f32,bf16}_v{1,2,4,8,16,32} (VT = template bound, runtime V <= VT)
+// Fast path, V <= 32: kdt_topk_small_{f32,bf16}_v{1,2,4,8,16,32} (VT = template bound, runtime V <= VT),
+// and kdt_topk_cluster{8,16}_{f32,bf16}_v{VT}: the same with S = 8 or 16 blocks per row in one cluster.
 //   launch: grid = R * S blocks (block b -> row b / S, split b % S), 256 threads, 41.2 KB static smem plus
 //   kdt_topk_small_stage_bytes of dynamic smem (sm_90: 32 KB, a 2-step cp.async ring; sm_120: 0).
 //   __launch_bounds__(256, SMALL_MIN_BLOCKS): sm_90 3 blocks (<= 80 registers, 3 x 74 KB smem per SM);
@@ -32,9 +33,10 @@
 //   launcher, a multiple of 64).  The body of the range is read with 16-byte loads (float4 / 8 x bf16), U=4
 //   per thread and step, coalesced across the block (vector index = (step*U + u)*256 + tid); the
 //   unaligned head and the tail (< 16 bytes each, e.g. odd vocab) are read as scalars by lanes of warp 0.
-//   Step 0 and a partial last step load into registers; the full steps in between stream through the
-//   cp.async ring, issued 2 steps ahead, so every warp keeps ~4 KB in flight while it computes (register
-//   prefetch instead would need ~16 more registers than the 3-blocks-per-SM budget has).
+//   Step 0 loads into registers; the later steps (the partial last one too, so that a short range has all
+//   its loads in flight from the start) stream through the cp.async ring, issued 2 steps ahead, so every
+//   warp keeps ~4 KB in flight while it computes (register prefetch instead would need ~16 more registers
+//   than the 3-blocks-per-SM budget has).  sm_120: registers only.
 //   Selection: candidates, not insertions.  After the first loads every thread takes the maximum of its
 //   elements; the block bound is the VT-th largest of these 256 thread maxima (block_bound: two
 //   __syncthreads, a warp bitonic sort of the lane maxima, then a rank test of the 8 sorted per-warp lists).
@@ -44,8 +46,8 @@
 //   that reach the candidate buffers from ~160 to ~35 per block (the hot path costs ~100 instructions per
 //   warp-step it is taken in).
 //   The hot loop is then: unpack, FMNMX to the vector maximum, the online softmax, and ONE float compare
-//   of each vector maximum against the gate (vote.any over the warp skips the whole step).  Elements that
-//   pass are appended as (key, id) to a per-warp shared buffer (SMALL_CAPW = 384 entries, per-lane shared
+//   of each vector maximum against the gate (vote.any over the warp skips the whole step).  In a hot vector
+//   a bit mask of the elements >= the gate's float picks the few that get a key; those that pass are appended as (key, id) to a per-warp shared buffer (SMALL_CAPW = 384 entries, per-lane shared
 //   atomics on the warp's counter; no ballots, no shuffles, no list maintenance).  Overflow guard (warp-
 //   uniform, checked before each hot vector): if the buffer could not take a full vector from every lane,
 //   the warp shrinks it to its exact top VT and tightens its gate to the (key, id) of entry VT-1 (strict:
@@ -53,14 +55,22 @@
 //   the guard never fires; adversarial orders (ascending rows, all-equal rows) stay correct, only slower.
 //   At the end each warp selects its sorted top VT from its buffer by rank (entry rank = number of better
 //   entries; ids are unique, so the ranks are a permutation).
-//   Merge: the 8 warp lists -> block top-VT by rank (each entry's rank = its index + a binary search in each
-//   other sorted list; equal keys only occur for empty slots, ordered by list index), ditto for (m, s).
-//   S == 1: the block writes the outputs.  S > 1: the block writes its top-VT and (m, s) to the workspace,
-//   __threadfence, then one atomicAdd on the row counter; the block that sees S-1 is the last: it reads the
-//   S partial lists (ld.cg), rank-merges them, combines the statistics, writes the outputs and zeroes the
-//   row's partials and counter (the workspace is left all zero: graph-replayable, one launch).
-//   Workspace (S > 1): u32 counter[R] | float2 stats[R][S] | uint2 (key,id) cand[R][S][VT], each part padded
-//   to 256 bytes (kdt/launch/topk.py: workspace_nbytes).  Limits: S <= 128, S*VT <= 2048, vocab <= 2^18.
+//   Merge (pruned_merge): the 8 warp lists -> the block's top V, and the 8 (m, s) pairs folded.  With t the
+//   best of the lists' V-th entries, only entries >= t can be in the top V (usually ~V to 2V of them): they
+//   are appended to a small buffer and ranked by counting among themselves; more than 256 survivors
+//   (interleaved lists) fall back to rank_merge (each entry's rank = its index + a binary search in each
+//   other sorted list; equal keys only occur for empty slots, ordered by list index).
+//   S == 1: the block writes the outputs.
+//   Cluster (S = 8 or 16 blocks of one row in a thread-block cluster): every block stores its top V and
+//   (m, s) into block 0's shared memory (st.shared::cluster), one cluster barrier (release / acquire), and
+//   block 0 merges the S lists the same way and writes the outputs.  No workspace, no global round trip.
+//   Otherwise S > 1: the block writes its top-VT and (m, s) to the workspace, __threadfence, then one
+//   atomicAdd on the row counter; the block that sees S-1 is the last: it reads the S partial lists (ld.cg),
+//   merges them, writes the outputs and zeroes the row's counter (the partials are rewritten before they are
+//   read in every launch; the counters are left zero: graph-replayable, one launch).
+//   Workspace (S > 1, no cluster): u32 counter[R] | float2 stats[R][S] | uint2 (key,id) cand[R][S][VT], each
+//   part padded to 256 bytes (kdt/launch/topk.py: workspace_nbytes).  Limits: S <= 128, S*VT <= 2048,
+//   vocab <= 2^18.
 //   Memory traffic: the logits once (R*vocab*4 or *2 bytes) + R*V*8 bytes of outputs + S*R*(8 + 8*VT)*2
 //   bytes of partials (negligible).
 //
@@ -101,7 +111,11 @@ constexpr int SMALL_MIN_BLOCKS = 3;   // 80 registers per thread
 constexpr int SMALL_STAGE_BYTES = SMALL_STAGES * SMALL_U * SMALL_THREADS * 16;
 constexpr int SMALL_RING = SMALL_STAGES > 0 ? SMALL_STAGES : 1;    // modulus of the slot index
 constexpr int MAX_SPLITS = 128;
+// Cluster path: one cluster of CLUSTER blocks per row (8, portable; or 16 on sm_90), merged over distributed
+// shared memory into block 0's receive slots: lists at s_k/s_i[RECV_BASE ..], statistics at s_m/s_s[SMALL_WARPS ..].
+constexpr int MAX_CLUSTER = 16;
 constexpr int MERGE_CAP = 2048;     // S * VT <= MERGE_CAP (shared-memory merge buffer)
+constexpr int RECV_BASE = 8 * 32;     // SMALL_WARPS * SMALL_MAX_V: past the block's own warp lists
 constexpr int GEN_THREADS = 1024;
 constexpr int GEN_WARPS = GEN_THREADS / 32;
 constexpr int GEN_U = 4;
@@ -114,6 +128,9 @@ constexpr uint32_t ID_MASK = (1u << ID_BITS) - 1u;
 constexpr float LOG2E = 1.4426950408889634f;
 
 static_assert(SMALL_MAX_V <= 32, "warp-distributed list needs VT <= 32");
+static_assert(RECV_BASE == SMALL_WARPS * SMALL_MAX_V && RECV_BASE + MAX_CLUSTER * SMALL_MAX_V <= MERGE_CAP,
+              "cluster receive slots lie past the warp lists, inside s_k/s_i");
+static_assert(SMALL_WARPS + MAX_CLUSTER <= MAX_SPLITS, "cluster statistics slots inside s_m/s_s");
 static_assert(GEN_BINS % GEN_THREADS == 0, "bins per thread");
 static_assert(MAX_V <= GEN_THREADS * 2, "bitonic sort: one pair per thread and pass loop");
 
@@ -126,7 +143,7 @@ __device__ __forceinline__ float ex2(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 #else
-    return exp2f(x);   // host compilation of this file (logic tests with a warp emulator)
+    return exp2f(x);   // the host pass of nvcc; never called there
 #endif
 }
 
@@ -174,13 +191,33 @@ __device__ __forceinline__ void warp_fold_stats(float& m, float& s) {
     }
 }
 
-// Warp 0 folds the per-warp (max, sum of exp) partials of a block into s_stat[0..1].
-template <int WARPS>
-__device__ __forceinline__ void fold_warp_stats(const float* s_m, const float* s_s, float* s_stat, int lane) {
-    float bm = lane < WARPS ? s_m[lane] : -FLT_MAX;
-    float bs = lane < WARPS ? s_s[lane] : 0.0f;
+// Warp 0 folds n (max, sum of exp) partials p_m/p_s[0 .. n) into s_stat[0..1].
+__device__ __forceinline__ void fold_stats(const float* p_m, const float* p_s, int n, float* s_stat, int lane) {
+    float bm = -FLT_MAX, bs = 0.0f;
+    for (int e = lane; e < n; e += 32) stat_merge(bm, bs, p_m[e], p_s[e]);
     warp_fold_stats(bm, bs);
     if (lane == 0) { s_stat[0] = bm; s_stat[1] = bs; }
+}
+
+// Thread-block clusters (sm_90+): the block's rank, the cluster-wide barrier halves, and a 32-bit store into
+// another block's shared memory at the address `local` has in this block.
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void store_to_block(const void* local, uint32_t rank, uint32_t value) {
+    const uint32_t here = (uint32_t)__cvta_generic_to_shared(local);
+    uint32_t there;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(there) : "r"(here), "r"(rank));
+    asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(there), "r"(value) : "memory");
+}
+
+// a[e] for a runtime e without local memory (a select chain over the registers).
+template <int N>
+__device__ __forceinline__ float pick(const float (&a)[N], int e) {
+    float r = a[0];
+#pragma unroll
+    for (int i = 1; i < N; ++i) r = e == i ? a[i] : r;
+    return r;
 }
 
 template <int N>
@@ -320,9 +357,14 @@ __device__ __forceinline__ void process_group(float (&x)[NV][VW], const bool (&v
                 if (__shfl_sync(FULL, *cnt, 0) > (uint32_t)(SMALL_CAPW - 32 * VW))
                     warp_compact<VT, VW>(buf, cnt, out_k, out_i, g, lane);
                 if (hot) {
+                    // usually one element of the vector passes: key and append only those
+                    uint32_t pass = 0;
 #pragma unroll
-                    for (int e = 0; e < VW; ++e) {
-                        const uint32_t k = f2key(x[u][e]);
+                    for (int e = 0; e < VW; ++e) pass |= (x[u][e] >= g.gf ? 1u : 0u) << e;
+                    while (pass) {
+                        const int e = __ffs(pass) - 1;
+                        pass &= pass - 1u;
+                        const uint32_t k = f2key(pick(x[u], e));
                         const uint32_t id = base[u] + (uint32_t)e;
                         if (better(k, id, g.gk, g.gi)) buf[atomicAdd(cnt, 1u)] = make_uint2(k, id);
                     }
@@ -364,6 +406,62 @@ __device__ __forceinline__ void rank_merge(const uint32_t* lk, const uint32_t* l
             oi[rank] = ci;
         }
     }
+}
+
+// Top-V of L sorted lists, as rank_merge, but usually ranking only a handful of entries.  Let t be the best of
+// the lists' V-th entries: its list holds V entries >= t, so no entry below t is in the top V.  The real
+// entries >= t among the first V of each list (on normal rows ~V to 2V of them) are appended to cand and
+// ranked by counting among themselves; slots [min(n, V), VT) get empty entries.  More than PRUNED_CAP
+// survivors (lists that interleave, e.g. one value pattern in every split) -> rank_merge of the whole lists.
+// Block-wide; *n must be 0 on entry; the lists must be visible (a barrier before); two barriers inside.
+constexpr int PRUNED_CAP = SMALL_THREADS;
+
+template <int VT>
+__device__ __forceinline__ void pruned_merge(const uint32_t* lk, const uint32_t* li, int L, int V, uint32_t* ok,
+                                             uint32_t* oi, uint2* cand, uint32_t* n, int tid, int nthreads) {
+    // t = max over lists of entry V-1 (larger key, then smaller id); every warp computes it for itself
+    const int lane = tid & 31;
+    uint32_t tk = 0u;
+    uint32_t ti = ~0u;
+    for (int l = lane; l < L; l += 32) {
+        const uint32_t k = lk[l * VT + V - 1], i = li[l * VT + V - 1];
+        if (better(k, i, tk, ti)) { tk = k; ti = i; }
+    }
+    const uint32_t best_k = __reduce_max_sync(FULL, tk);
+    ti = __reduce_min_sync(FULL, tk == best_k ? ti : ~0u);
+    tk = best_k;
+    for (int e = tid; e < L * VT; e += nthreads) {
+        const int pos = e % VT;
+        const uint32_t k = lk[e], i = li[e];
+        if (pos < V && k != 0u && !better(tk, ti, k, i)) {
+            const uint32_t slot = atomicAdd(n, 1u);
+            if (slot < (uint32_t)PRUNED_CAP) cand[slot] = make_uint2(k, i);
+        }
+    }
+    __syncthreads();
+    const uint32_t count = *n;
+    if (count > (uint32_t)PRUNED_CAP) {
+        rank_merge<VT>(lk, li, L, ok, oi, tid, nthreads);
+    } else {
+        for (uint32_t c = (uint32_t)tid; c < count; c += (uint32_t)nthreads) {
+            const uint2 me = cand[c];
+            uint32_t rank = 0;
+            for (uint32_t j = 0; j < count; ++j) {
+                const uint2 o = cand[j];
+                rank += better(o.x, o.y, me.x, me.y) ? 1u : 0u;
+            }
+            if (rank < (uint32_t)V) {
+                ok[rank] = me.x;
+                oi[rank] = me.y;
+            }
+        }
+        for (int r = (int)min(count, (uint32_t)V) + tid; r < VT; r += nthreads) {
+            ok[r] = 0u;
+            oi[r] = ~0u;
+        }
+    }
+    __syncthreads();
+    if (tid == 0) *n = 0u;       // ready for the next merge (the next barrier orders it)
 }
 
 // Block-wide: the VT-th largest of the 256 threads' keys v (0 = the thread holds no element), via a bitonic
@@ -409,7 +507,7 @@ __device__ __forceinline__ uint32_t block_bound(uint32_t v, uint32_t* s_lists, u
 __device__ __forceinline__ size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 // ---- fast path ------------------------------------------------------------------------------------------
-template <typename Tin, int VT>
+template <typename Tin, int VT, int CLUSTER>
 __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* __restrict__ top_ids,
                                            float* __restrict__ top_logp, unsigned char* __restrict__ ws,
                                            int vocab, int V, int chunk, int S) {
@@ -430,8 +528,11 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
     __shared__ uint2 s_buf[SMALL_WARPS * SMALL_CAPW];
     __shared__ uint32_t s_cnt[SMALL_WARPS];
     __shared__ uint32_t s_bound;
+    __shared__ uint32_t s_n;
 
-    if (V < 1 || V > VT || S < 1 || S > MAX_SPLITS || S * VT > MERGE_CAP) return;   // launcher bug guard
+    // launcher bug guard (block-uniform, so a cluster returns as a whole)
+    if (V < 1 || V > VT || S < 1 || S > MAX_SPLITS || S * VT > MERGE_CAP || (CLUSTER > 1 && S != CLUSTER)) return;
+    if constexpr (CLUSTER > 1) cluster_arrive_relaxed();   // waited for before the first remote store
 
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -459,6 +560,7 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
     uint32_t* wk = s_k + warp * VT;      // per-warp list slot (scratch during the scan, result at the end)
     uint32_t* wi = s_i + warp * VT;
     if (tid < SMALL_WARPS) s_cnt[tid] = 0u;
+    if (tid == 0) s_n = 0u;
 
     float x[U][VW];
     bool valid[U];
@@ -479,10 +581,11 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
 
     // ---- warm-up: first loads + head/tail, then the block bound
     load_step(0);
-    // Full steps (all U * T vectors inside the body) 1 .. nfull-1 stream through a ring of SMALL_STAGES
-    // shared-memory slots: step st goes to slot st % SMALL_STAGES, issued SMALL_STAGES steps ahead, one
-    // cp.async group per step (empty past the end, so the group count stays uniform).  Each thread reads
-    // back only the 16-byte words it copied itself, so no barrier is needed, only cp.async.wait_group.
+    // Steps 1 .. nsteps-1 stream through a ring of SMALL_STAGES shared-memory slots: step st goes to slot
+    // st % SMALL_STAGES, issued SMALL_STAGES steps ahead, one cp.async group per step (empty past the end, so
+    // the group count stays uniform).  Full steps (all U * T vectors inside the body) copy without bounds
+    // tests; the partial last step tests each vector.  Each thread reads back only the 16-byte words it
+    // copied itself, so no barrier is needed, only cp.async.wait_group.
     const int nfull = nv / (T * U);
     extern __shared__ uint4 s_stage[];                  // [SMALL_STAGES][U][T]
     auto issue_step = [&](int st) {
@@ -490,6 +593,13 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
             uint4* slot = s_stage + (st % SMALL_RING) * U * T;
 #pragma unroll
             for (int u = 0; u < U; ++u) cp_async16(slot + u * T + tid, vp + (st * U + u) * T + tid);
+        } else if (st < nsteps) {                         // the partial last step: bounds per vector
+            uint4* slot = s_stage + (st % SMALL_RING) * U * T;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int vi = (st * U + u) * T + tid;
+                if (vi < nv) cp_async16(slot + u * T + tid, vp + vi);
+            }
         }
         cp_async_commit();
     };
@@ -545,10 +655,25 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
         if constexpr (SMALL_STAGES > 0) issue_step(step + SMALL_STAGES);   // into the slot just read
         process_group<VT, U, VW>(x, all_valid, base, m, s, g, buf, cnt, wk, wi, lane);
     }
-    if constexpr (SMALL_STAGES > 0) cp_async_wait<0>();
-    for (; step < nsteps; ++step) {
-        load_step(step);
-        process_group<VT, U, VW>(x, valid, base, m, s, g, buf, cnt, wk, wi, lane);
+    if constexpr (SMALL_STAGES > 0) {
+        cp_async_wait<0>();
+        if (step < nsteps) {                              // the partial last step, from its ring slot
+            const uint4* slot = s_stage + (step % SMALL_RING) * U * T;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int vi = (step * U + u) * T + tid;
+                valid[u] = vi < nv;
+                base[u] = (uint32_t)(a0 + vi * VW);
+                const Vec v = valid[u] ? *reinterpret_cast<const Vec*>(slot + u * T + tid) : E::ninf_vec();
+                E::unpack(v, x[u]);
+            }
+            process_group<VT, U, VW>(x, valid, base, m, s, g, buf, cnt, wk, wi, lane);
+        }
+    } else {
+        for (; step < nsteps; ++step) {
+            load_step(step);
+            process_group<VT, U, VW>(x, valid, base, m, s, g, buf, cnt, wk, wi, lane);
+        }
     }
     __syncwarp();
     warp_select<VT>(buf, *cnt, wk, wi, lane);                // this warp's sorted top VT -> s_k/s_i slot
@@ -557,11 +682,27 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
     warp_fold_stats(m, s);
     if (lane == 0) { s_m[warp] = m; s_s[warp] = s; }
     __syncthreads();
-    rank_merge<VT>(s_k, s_i, SMALL_WARPS, s_tk, s_ti, tid, T);
-    if (warp == 0) fold_warp_stats<SMALL_WARPS>(s_m, s_s, s_stat, lane);
-    __syncthreads();
+    if (warp == 0) fold_stats(s_m, s_s, SMALL_WARPS, s_stat, lane);
+    pruned_merge<VT>(s_k, s_i, SMALL_WARPS, V, s_tk, s_ti, s_buf, &s_n, tid, T);
 
-    if (S > 1) {
+    if constexpr (CLUSTER > 1) {
+        // every block of the row's cluster stores its list and statistics into block 0's receive slots
+        // (s_k/s_i from RECV_BASE, s_m/s_s from SMALL_WARPS: words block 0's own merge never touches)
+        cluster_wait_acquire();                           // pairs the arrive at the start: all blocks run
+        if (tid < VT) {
+            store_to_block(&s_k[RECV_BASE + split * VT + tid], 0u, s_tk[tid]);
+            store_to_block(&s_i[RECV_BASE + split * VT + tid], 0u, s_ti[tid]);
+        }
+        if (tid == 0) {
+            store_to_block(&s_m[SMALL_WARPS + split], 0u, __float_as_uint(s_stat[0]));
+            store_to_block(&s_s[SMALL_WARPS + split], 0u, __float_as_uint(s_stat[1]));
+        }
+        cluster_arrive_release();
+        cluster_wait_acquire();
+        if (split != 0) return;
+        if (warp == 0) fold_stats(s_m + SMALL_WARPS, s_s + SMALL_WARPS, CLUSTER, s_stat, lane);
+        pruned_merge<VT>(s_k + RECV_BASE, s_i + RECV_BASE, CLUSTER, V, s_tk, s_ti, s_buf, &s_n, tid, T);
+    } else if (S > 1) {
         const int R = (int)(gridDim.x / (unsigned)S);
         uint32_t* cnt = reinterpret_cast<uint32_t*>(ws);
         float2* pst = reinterpret_cast<float2*>(ws + align256((size_t)R * 4));
@@ -575,34 +716,23 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
         __syncthreads();
         if (!s_last) return;
         __threadfence();
-        uint2* rc = pcd + (size_t)row * S * VT;
-        float2* rs = pst + (size_t)row * S;
+        // the partials are written before they are read in every launch: only the counter goes back to 0
+        const uint2* rc = pcd + (size_t)row * S * VT;
+        const float2* rs = pst + (size_t)row * S;
         for (int e = tid; e < S * VT; e += T) {
             const uint2 c = __ldcg(rc + e);
             s_k[e] = c.x;
             s_i[e] = c.y;
-            rc[e] = make_uint2(0u, 0u);
         }
         for (int e = tid; e < S; e += T) {
             const float2 c = __ldcg(rs + e);
             s_m[e] = c.x;
             s_s[e] = c.y;
-            rs[e] = make_float2(0.0f, 0.0f);
         }
+        if (tid == 0) cnt[row] = 0u;
         __syncthreads();
-        rank_merge<VT>(s_k, s_i, S, s_tk, s_ti, tid, T);
-        if (warp == 0) {
-            float bm = -FLT_MAX, bs = 0.0f;
-            for (int e = lane; e < S; e += 32) stat_merge(bm, bs, s_m[e], s_s[e]);
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) {
-                const float om = __shfl_xor_sync(FULL, bm, off);
-                const float os = __shfl_xor_sync(FULL, bs, off);
-                stat_merge(bm, bs, om, os);
-            }
-            if (lane == 0) { s_stat[0] = bm; s_stat[1] = bs; cnt[row] = 0u; }
-        }
-        __syncthreads();
+        if (warp == 0) fold_stats(s_m, s_s, S, s_stat, lane);
+        pruned_merge<VT>(s_k, s_i, S, V, s_tk, s_ti, s_buf, &s_n, tid, T);
     }
 
     if (tid < V) {
@@ -711,7 +841,7 @@ __device__ __forceinline__ void general_impl(const Tin* __restrict__ logits, int
     warp_fold_stats(m, s);
     if (lane == 0) { s_m[warp] = m; s_s[warp] = s; }
     __syncthreads();
-    if (warp == 0) fold_warp_stats<GEN_WARPS>(s_m, s_s, s_stat, lane);
+    if (warp == 0) fold_stats(s_m, s_s, GEN_WARPS, s_stat, lane);
     // (the __syncthreads inside block_excl_scan orders s_stat and hist)
 
     // radix select on the composite: nb bits fixed (= prefix P), `need` still wanted among its elements
@@ -825,12 +955,18 @@ extern "C" __constant__ int kdt_topk_max_vocab = MAX_VOCAB;
 extern "C" __constant__ int kdt_topk_small_stage_bytes = SMALL_STAGE_BYTES;
 
 // ---- entry points ---------------------------------------------------------------------------------------
-#define KDT_TOPK_SMALL(DT, TIN, VT)                                                                         \
-    extern "C" __global__ void __launch_bounds__(SMALL_THREADS, SMALL_MIN_BLOCKS) kdt_topk_small_##DT##_v##VT(          \
+#define KDT_TOPK_SMALL_ENTRY(NAME, TIN, VT, CLUSTER)                                                        \
+    extern "C" __global__ void __launch_bounds__(SMALL_THREADS, SMALL_MIN_BLOCKS) NAME(                       \
         const TIN* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp,          \
         unsigned char* __restrict__ ws, int vocab, int V, int chunk, int S) {                            \
-        small_impl<TIN, VT>(logits, top_ids, top_logp, ws, vocab, V, chunk, S);                           \
+        small_impl<TIN, VT, CLUSTER>(logits, top_ids, top_logp, ws, vocab, V, chunk, S);                  \
     }
+// kdt_topk_small_<dtype>_v<VT>: S blocks per row (merged through the workspace when S > 1);
+// kdt_topk_cluster<C>_<dtype>_v<VT>: S = C blocks per row in one cluster (no workspace).
+#define KDT_TOPK_SMALL(DT, TIN, VT)                                                                         \
+    KDT_TOPK_SMALL_ENTRY(kdt_topk_small_##DT##_v##VT, TIN, VT, 1)                                           \
+    KDT_TOPK_SMALL_ENTRY(__cluster_dims__(8, 1, 1) kdt_topk_cluster8_##DT##_v##VT, TIN, VT, 8)              \
+    KDT_TOPK_SMALL_ENTRY(__cluster_dims__(16, 1, 1) kdt_topk_cluster16_##DT##_v##VT, TIN, VT, 16)
 
 KDT_TOPK_SMALL(f32, float, 1)
 KDT_TOPK_SMALL(f32, float, 2)

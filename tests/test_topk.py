@@ -88,12 +88,13 @@ def test_kernel_matches_reference_on_random_inputs(seed):
 
 
 def long_rows(vocab: int, seed: int) -> np.ndarray:
-    """Eight rows that each stress the candidate gate of a block that scans a whole row: normal logits, a
+    """Nine rows that each stress the candidate gate of a block that scans a whole row: normal logits, a
     strictly ascending row (every step holds new maxima), a descending one, one value everywhere, a 0.5 grid
-    of ties, a masked row with three finite logits at the very end, the maximum in the last column, and
-    magnitudes near the float32 limit."""
+    of ties, a masked row with three finite logits at the very end, the maximum in the last column,
+    magnitudes near the float32 limit, and a row whose largest values are spread evenly over the columns
+    (when the row is split, every split's list interleaves with every other's)."""
     rng = np.random.default_rng(seed)
-    rows = np.empty((8, vocab), np.float32)
+    rows = np.empty((9, vocab), np.float32)
     rows[0] = rng.standard_normal(vocab) * 1.5
     rows[1] = np.arange(vocab, dtype=np.float32) * np.float32(1e-3)
     rows[2] = rows[1][::-1]
@@ -104,7 +105,8 @@ def long_rows(vocab: int, seed: int) -> np.ndarray:
     rows[6] = rng.standard_normal(vocab)
     rows[6, -1] = 9.0
     rows[7] = rng.standard_normal(vocab) * np.float32(1e37)
-    return rows.reshape(1, 8, vocab)
+    rows[8] = (np.arange(vocab, dtype=np.int64) * 7919 % vocab).astype(np.float32) * np.float32(1e-4)
+    return rows.reshape(1, 9, vocab)
 
 
 @pytest.mark.gpu
@@ -119,8 +121,47 @@ def test_kernel_whole_row_blocks_on_adversarial_rows(bf16, k, monkeypatch):
     monkeypatch.setattr(launcher, "MIN_CHUNK", launcher.MAX_VOCAB)   # S = 1: one block per row
     monkeypatch.setattr(ops, "_workspaces", {})                      # no workspace sized for another plan
     vocab = 163840 + 7                                                # an unaligned tail as well
-    assert launcher.plan(8, vocab, k, 132)[1] == 1
+    assert launcher.plan(9, vocab, k, 132)[1] == 1
     logits = long_rows(vocab, seed=k)
     case = stage._case(f"whole_rows_k{k}", "one block per row", k, k, to_bf16(logits) if bf16 else logits)
     result = verify.verify_fresh(stages.get("topk"), case)
     assert result.passed, [(f.name, f.mismatches, f.diffs[:2]) for f in result.fields if not f.ok]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("k", [1, 8, 32])
+@pytest.mark.parametrize("merge", ["cluster", "workspace"])
+def test_kernel_split_rows_on_adversarial_rows(bf16, k, merge, monkeypatch):
+    """Few rows are split over many blocks whose lists are merged either inside a cluster of blocks (over
+    distributed shared memory) or by the last block through the workspace; both on the rows above, where at
+    k = 32 the evenly spread row leaves more candidates than the pruned merge ranks, so the full rank merge
+    runs."""
+    import kdt.launch.topk as launcher
+    from kdt import ops, stages, verify
+    from kdt.launch.common import sm_count
+
+    if merge == "workspace":
+        monkeypatch.setattr(launcher, "CLUSTER_MIN_SPLITS", launcher.MAX_SPLITS + 1)
+    monkeypatch.setattr(ops, "_workspaces", {})
+    vocab = 163840 + 7
+    S = launcher.plan(9, vocab, k, sm_count())[1]
+    assert S >= launcher.CLUSTER_MIN_SPLITS if merge == "cluster" else S > 1
+    logits = long_rows(vocab, seed=k + 100)
+    case = stage._case(f"split_rows_k{k}", "rows split over blocks", k, k, to_bf16(logits) if bf16 else logits)
+    result = verify.verify_fresh(stages.get("topk"), case)
+    assert result.passed, [(f.name, f.mismatches, f.diffs[:2]) for f in result.fields if not f.ok]
+
+
+def test_few_rows_merge_in_a_cluster_without_workspace():
+    import kdt.launch.topk as launcher
+
+    vt, S, _ = launcher.plan(15, 163840, 8, 132)
+    assert S >= launcher.CLUSTER_MIN_SPLITS
+    assert launcher.cluster_size(S, 90) == launcher.CLUSTER_PREFERRED
+    assert launcher.cluster_size(S, 120) == 8
+    assert launcher._ws_bytes(15, S, vt) == 0
+    vt, S, _ = launcher.plan(64 * 15, 163840, 8, 132)
+    assert launcher.cluster_size(S, 90) == 0
+    vt, S, _ = launcher.plan(8 * 15, 163840, 8, 132)
+    assert 1 < S < launcher.CLUSTER_MIN_SPLITS and launcher._ws_bytes(120, S, vt) > 0

@@ -53,13 +53,21 @@ def kernel_constants(module, prefix: str, names: Iterable[str]) -> dict[str, int
     return values
 
 
-def kernel_function(module, name: str, dynamic_smem: int = 0):
+def kernel_function(module, name: str, dynamic_smem: int = 0, attributes: dict[int, int] | None = None):
     """`module.get_function(name)`, fetched once per module, and allowed `dynamic_smem` bytes of dynamic
-    shared memory: the opt-in is a driver call, made only when a launch needs more than any before."""
+    shared memory: the opt-in is a driver call, made only when a launch needs more than any before.
+    `attributes` (CUfunction_attribute -> value) are set once, when the function is first fetched."""
     functions = module_cache(module).setdefault("functions", {})
     slot = functions.get(name)
     if slot is None:
-        slot = functions[name] = [module.get_function(name), 0]
+        function = module.get_function(name)
+        if attributes:
+            import cupy
+
+            handle = function.kernel.ptr   # the CUfunction behind CuPy's RawKernel
+            for attribute, value in attributes.items():
+                cupy.cuda.driver.funcSetAttribute(handle, attribute, value)
+        slot = functions[name] = [function, 0]
     if dynamic_smem > slot[1]:
         slot[0].max_dynamic_shared_size_bytes = dynamic_smem
         slot[1] = dynamic_smem

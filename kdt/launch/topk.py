@@ -9,12 +9,15 @@ Paths (see the header of kernels/topk.cu):
   * V <= 32: ``kdt_topk_small_{f32,bf16}_v{VT}`` (VT = smallest of 1, 2, 4, 8, 16, 32 >= V), grid R * S blocks of
     256 threads; each row's vocabulary is split over S blocks (the last one to finish merges), S chosen from the
     number of rows and SMs: few rows -> about one wave of blocks, many rows -> a few blocks per row.
+    When that plan splits a row over >= CLUSTER_MIN_SPLITS blocks (few rows), ``kdt_topk_cluster{C}_*`` runs
+    instead: one cluster of C = 16 (sm_90) or 8 blocks per row, merged over distributed shared memory.
   * V > 32: ``kdt_topk_general_{f32,bf16}``, one 1024-thread block per row, no workspace.
 
-Workspace (only when S > 1), byte offsets, each part padded to 256 bytes:
+Workspace (only when 1 < S < CLUSTER_MIN_SPLITS), byte offsets, each part padded to 256 bytes:
     u32 counter[R] | float2 (max, sum-exp) stats[R][S] | uint2 (key, id) candidates[R][S][VT]
-The kernel leaves it all zero again.  Everything here is host arithmetic on shapes; the only device read is
-the one-time check of the module's exported constants (first launch with a given module).
+The kernel leaves the counters zero again (the rest is rewritten before it is read).  Everything here is host
+arithmetic on shapes; the only device reads are the one-time check of the module's exported constants and
+the device's compute capability (first launch with a given module).
 """
 from __future__ import annotations
 
@@ -42,6 +45,12 @@ BLOCKS_PER_SM = 3      # resident small-path blocks per SM on sm_90 (256 threads
 MANY_ROWS_WAVES = 2    # when rows >= one wave of blocks: aim for this many waves of blocks in total (swept on the H200: 2 beats 4 and 8)
 MIN_CHUNK = 8192       # at least this many columns per block (swept on the H200: fewer, fatter blocks for few rows)
 CHUNK_ALIGN = 64       # chunk is a multiple of this many columns
+# Few rows: when the plan splits a row over at least CLUSTER_MIN_SPLITS blocks, one cluster of blocks per row
+# merges over distributed shared memory instead (no workspace, no last-block round trip through global memory).
+CLUSTER_SIZES = (8, 16)  # the compiled kdt_topk_cluster<C>_* entry points; 16 is beyond the portable 8
+CLUSTER_MIN_SPLITS = 8
+CLUSTER_PREFERRED = 16   # on GPUs that allow 16-block clusters (sm_90); elsewhere 8
+_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14   # CUfunction_attribute
 
 _CONSTS = {
     "kdt_topk_small_threads": SMALL_THREADS,
@@ -86,8 +95,15 @@ def plan(rows: int, vocab: int, V: int, sm_count: int) -> tuple[int | None, int,
     return vt, S, chunk
 
 
+def cluster_size(S: int, compute_capability: int) -> int:
+    """Blocks per row of the cluster path for a plan of S splits (0: the plan's split stands)."""
+    if S < CLUSTER_MIN_SPLITS:
+        return 0
+    return CLUSTER_PREFERRED if compute_capability == 90 else min(CLUSTER_SIZES)
+
+
 def _ws_bytes(rows: int, S: int, vt: int | None) -> int:
-    if vt is None or S <= 1:
+    if vt is None or S <= 1 or S >= CLUSTER_MIN_SPLITS:   # the cluster path needs no workspace
         return 0
     return _align256(rows * 4) + _align256(rows * S * 8) + rows * S * vt * 8
 
@@ -108,6 +124,12 @@ def workspace_nbytes(shapes: dict, params: dict) -> int:
     _check_args(rows, vocab, V)
     vt, S, _ = plan(rows, vocab, V, sm_count())
     return _ws_bytes(rows, S, vt)
+
+
+def _compute_capability() -> int:
+    import cupy
+
+    return int(cupy.cuda.Device().compute_capability)
 
 
 def _stage_bytes(module) -> int:
@@ -159,6 +181,15 @@ def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None
         fn((rows,), (GENERAL_THREADS,), (logits, top_ids, top_logp, np.int32(vocab), np.int32(V)))
         return
 
+    cluster = cluster_size(S, _compute_capability())
+    if cluster:
+        chunk = _cdiv(_cdiv(vocab, cluster), CHUNK_ALIGN) * CHUNK_ALIGN
+        fn = kernel_function(module, f"kdt_topk_cluster{cluster}_{sfx}_v{vt}", stage_bytes,
+                             attributes={_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: 1} if cluster > 8 else None)
+        fn((rows * cluster,), (SMALL_THREADS,),
+           (logits, top_ids, top_logp, np.uint64(0), np.int32(vocab), np.int32(V), np.int32(chunk), np.int32(cluster)),
+           shared_mem=stage_bytes)
+        return
     need = _ws_bytes(rows, S, vt)
     if need:
         if workspace is None or workspace.nbytes < need:
