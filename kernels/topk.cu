@@ -24,7 +24,8 @@
 //
 // ---------------------------------------------------------------------------------------------------------
 // Fast path, V <= 32: kdt_topk_small_{f32,bf16}_v{1,2,4,8,16,32} (VT = template bound, runtime V <= VT),
-// and kdt_topk_cluster{8,16}_{f32,bf16}_v{VT}: the same with S = 8 or 16 blocks per row in one cluster.
+// and kdt_topk_cluster_{f32,bf16}_v{VT}: the same with S = kdt_topk_cluster_size blocks per row in one
+// cluster (16 on sm_90, 8 on sm_120).
 //   launch: grid = R * S blocks (block b -> row b / S, split b % S), 256 threads, 41.2 KB static smem plus
 //   kdt_topk_small_stage_bytes of dynamic smem (sm_90: 32 KB, a 2-step cp.async ring; sm_120: 0).
 //   __launch_bounds__(256, SMALL_MIN_BLOCKS): sm_90 3 blocks (<= 80 registers, 3 x 74 KB smem per SM);
@@ -61,7 +62,7 @@
 //   (interleaved lists) fall back to rank_merge (each entry's rank = its index + a binary search in each
 //   other sorted list; equal keys only occur for empty slots, ordered by list index).
 //   S == 1: the block writes the outputs.
-//   Cluster (S = 8 or 16 blocks of one row in a thread-block cluster): every block stores its top V and
+//   Cluster (S = ROW_CLUSTER blocks of one row in a thread-block cluster): every block stores its top V and
 //   (m, s) into block 0's shared memory (st.shared::cluster), one cluster barrier (release / acquire), and
 //   block 0 merges the S lists the same way and writes the outputs.  No workspace, no global round trip.
 //   Otherwise S > 1: the block writes its top-VT and (m, s) to the workspace, __threadfence, then one
@@ -101,18 +102,22 @@ constexpr int SMALL_MAX_V = 32;
 // Dynamic shared memory of the small path: a cp.async ring of SMALL_STAGES steps (0: loads go to registers).
 // sm_90: 2 stages (32 KB; 3 blocks of 74 KB fit the 227 KB of an SM).  sm_120 has ~100 KB of shared memory
 // per SM, where the ring would cost a resident block: it keeps the register loads.
+// ROW_CLUSTER: blocks per row of the cluster path (kdt_topk_cluster_*): 8 is the portable cluster size;
+// sm_90 runs 16-block clusters (non-portable: the launcher opts the function in).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
 constexpr int SMALL_STAGES = 0;
 constexpr int SMALL_MIN_BLOCKS = 2;   // what its shared memory holds: 128 registers per thread
+constexpr int ROW_CLUSTER = 8;
 #else
 constexpr int SMALL_STAGES = 2;
 constexpr int SMALL_MIN_BLOCKS = 3;   // 80 registers per thread
+constexpr int ROW_CLUSTER = 16;
 #endif
 constexpr int SMALL_STAGE_BYTES = SMALL_STAGES * SMALL_U * SMALL_THREADS * 16;
 constexpr int SMALL_RING = SMALL_STAGES > 0 ? SMALL_STAGES : 1;    // modulus of the slot index
 constexpr int MAX_SPLITS = 128;
-// Cluster path: one cluster of CLUSTER blocks per row (8, portable; or 16 on sm_90), merged over distributed
-// shared memory into block 0's receive slots: lists at s_k/s_i[RECV_BASE ..], statistics at s_m/s_s[SMALL_WARPS ..].
+// Cluster path: one cluster of ROW_CLUSTER blocks per row, merged over distributed shared memory into block 0's
+// receive slots: lists at s_k/s_i[RECV_BASE ..], statistics at s_m/s_s[SMALL_WARPS ..].
 constexpr int MAX_CLUSTER = 16;
 constexpr int MERGE_CAP = 2048;     // S * VT <= MERGE_CAP (shared-memory merge buffer)
 constexpr int RECV_BASE = 8 * 32;     // SMALL_WARPS * SMALL_MAX_V: past the block's own warp lists
@@ -131,6 +136,7 @@ static_assert(SMALL_MAX_V <= 32, "warp-distributed list needs VT <= 32");
 static_assert(RECV_BASE == SMALL_WARPS * SMALL_MAX_V && RECV_BASE + MAX_CLUSTER * SMALL_MAX_V <= MERGE_CAP,
               "cluster receive slots lie past the warp lists, inside s_k/s_i");
 static_assert(SMALL_WARPS + MAX_CLUSTER <= MAX_SPLITS, "cluster statistics slots inside s_m/s_s");
+static_assert(ROW_CLUSTER <= MAX_CLUSTER, "cluster receive slots");
 static_assert(GEN_BINS % GEN_THREADS == 0, "bins per thread");
 static_assert(MAX_V <= GEN_THREADS * 2, "bitonic sort: one pair per thread and pass loop");
 
@@ -953,6 +959,7 @@ extern "C" __constant__ int kdt_topk_general_threads = GEN_THREADS;
 extern "C" __constant__ int kdt_topk_max_v = MAX_V;
 extern "C" __constant__ int kdt_topk_max_vocab = MAX_VOCAB;
 extern "C" __constant__ int kdt_topk_small_stage_bytes = SMALL_STAGE_BYTES;
+extern "C" __constant__ int kdt_topk_cluster_size = ROW_CLUSTER;
 
 // ---- entry points ---------------------------------------------------------------------------------------
 #define KDT_TOPK_SMALL_ENTRY(NAME, TIN, VT, CLUSTER)                                                        \
@@ -962,11 +969,10 @@ extern "C" __constant__ int kdt_topk_small_stage_bytes = SMALL_STAGE_BYTES;
         small_impl<TIN, VT, CLUSTER>(logits, top_ids, top_logp, ws, vocab, V, chunk, S);                  \
     }
 // kdt_topk_small_<dtype>_v<VT>: S blocks per row (merged through the workspace when S > 1);
-// kdt_topk_cluster<C>_<dtype>_v<VT>: S = C blocks per row in one cluster (no workspace).
+// kdt_topk_cluster_<dtype>_v<VT>: S = ROW_CLUSTER blocks per row in one cluster (no workspace).
 #define KDT_TOPK_SMALL(DT, TIN, VT)                                                                         \
     KDT_TOPK_SMALL_ENTRY(kdt_topk_small_##DT##_v##VT, TIN, VT, 1)                                           \
-    KDT_TOPK_SMALL_ENTRY(__cluster_dims__(8, 1, 1) kdt_topk_cluster8_##DT##_v##VT, TIN, VT, 8)              \
-    KDT_TOPK_SMALL_ENTRY(__cluster_dims__(16, 1, 1) kdt_topk_cluster16_##DT##_v##VT, TIN, VT, 16)
+    KDT_TOPK_SMALL_ENTRY(__cluster_dims__(ROW_CLUSTER, 1, 1) kdt_topk_cluster_##DT##_v##VT, TIN, VT, ROW_CLUSTER)
 
 KDT_TOPK_SMALL(f32, float, 1)
 KDT_TOPK_SMALL(f32, float, 2)

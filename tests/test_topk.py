@@ -158,10 +158,9 @@ def test_few_rows_merge_in_a_cluster_without_workspace():
 
     vt, S, _ = launcher.plan(15, 163840, 8, 132)
     assert S >= launcher.CLUSTER_MIN_SPLITS
-    assert launcher.cluster_size(S, 90) == launcher.CLUSTER_PREFERRED
-    assert launcher.cluster_size(S, 120) == 8
+    assert launcher.cluster_size(S, 16) == 16 and launcher.cluster_size(S, 8) == 8
     assert launcher._ws_bytes(15, S, vt) == 0
     vt, S, _ = launcher.plan(64 * 15, 163840, 8, 132)
-    assert launcher.cluster_size(S, 90) == 0
+    assert launcher.cluster_size(S, 16) == 0
     vt, S, _ = launcher.plan(8 * 15, 163840, 8, 132)
     assert 1 < S < launcher.CLUSTER_MIN_SPLITS and launcher._ws_bytes(120, S, vt) > 0

@@ -9,8 +9,9 @@ Paths (see the header of kernels/topk.cu):
   * V <= 32: ``kdt_topk_small_{f32,bf16}_v{VT}`` (VT = smallest of 1, 2, 4, 8, 16, 32 >= V), grid R * S blocks of
     256 threads; each row's vocabulary is split over S blocks (the last one to finish merges), S chosen from the
     number of rows and SMs: few rows -> about one wave of blocks, many rows -> a few blocks per row.
-    When that plan splits a row over >= CLUSTER_MIN_SPLITS blocks (few rows), ``kdt_topk_cluster{C}_*`` runs
-    instead: one cluster of C = 16 (sm_90) or 8 blocks per row, merged over distributed shared memory.
+    When that plan splits a row over >= CLUSTER_MIN_SPLITS blocks (few rows), ``kdt_topk_cluster_*`` runs
+    instead: one cluster of C blocks per row (the cubin's kdt_topk_cluster_size: 16 on sm_90, 8 on sm_120),
+    merged over distributed shared memory.
   * V > 32: ``kdt_topk_general_{f32,bf16}``, one 1024-thread block per row, no workspace.
 
 Workspace (only when 1 < S < CLUSTER_MIN_SPLITS), byte offsets, each part padded to 256 bytes:
@@ -47,9 +48,8 @@ MIN_CHUNK = 8192       # at least this many columns per block (swept on the H200
 CHUNK_ALIGN = 64       # chunk is a multiple of this many columns
 # Few rows: when the plan splits a row over at least CLUSTER_MIN_SPLITS blocks, one cluster of blocks per row
 # merges over distributed shared memory instead (no workspace, no last-block round trip through global memory).
-CLUSTER_SIZES = (8, 16)  # the compiled kdt_topk_cluster<C>_* entry points; 16 is beyond the portable 8
 CLUSTER_MIN_SPLITS = 8
-CLUSTER_PREFERRED = 16   # on GPUs that allow 16-block clusters (sm_90); elsewhere 8
+PORTABLE_CLUSTER = 8     # larger clusters need the function's opt-in below
 _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14   # CUfunction_attribute
 
 _CONSTS = {
@@ -61,7 +61,8 @@ _CONSTS = {
     "kdt_topk_max_v": MAX_V,
     "kdt_topk_max_vocab": MAX_VOCAB,
 }
-STAGE_BYTES = "kdt_topk_small_stage_bytes"   # per-arch dynamic smem of the small path, read from the module
+# Per-arch launch facts, read from the module: the small path's dynamic smem and the cluster path's blocks per row.
+ARCH_CONSTANTS = {"stage_bytes": "kdt_topk_small_stage_bytes", "cluster": "kdt_topk_cluster_size"}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -95,11 +96,10 @@ def plan(rows: int, vocab: int, V: int, sm_count: int) -> tuple[int | None, int,
     return vt, S, chunk
 
 
-def cluster_size(S: int, compute_capability: int) -> int:
-    """Blocks per row of the cluster path for a plan of S splits (0: the plan's split stands)."""
-    if S < CLUSTER_MIN_SPLITS:
-        return 0
-    return CLUSTER_PREFERRED if compute_capability == 90 else min(CLUSTER_SIZES)
+def cluster_size(S: int, compiled: int) -> int:
+    """Blocks per row of the cluster path for a plan of S splits, with `compiled` the cubin's cluster size
+    (0: the plan's split stands)."""
+    return compiled if S >= CLUSTER_MIN_SPLITS else 0
 
 
 def _ws_bytes(rows: int, S: int, vt: int | None) -> int:
@@ -126,23 +126,17 @@ def workspace_nbytes(shapes: dict, params: dict) -> int:
     return _ws_bytes(rows, S, vt)
 
 
-def _compute_capability() -> int:
-    import cupy
-
-    return int(cupy.cuda.Device().compute_capability)
-
-
-def _stage_bytes(module) -> int:
-    """The small path's dynamic shared memory in bytes (it differs per arch), once the launcher's copies of
-    the kernel's constants are checked against the kernel's (they shape the launch); once per module."""
+def _arch(module) -> dict[str, int]:
+    """The module's per-arch launch facts (ARCH_CONSTANTS), once the launcher's copies of the kernel's other
+    constants are checked against the kernel's (they shape the launch); once per module."""
     cache = module_cache(module)
-    if "stage_bytes" not in cache:
-        constants = kernel_constants(module, "", [*_CONSTS, STAGE_BYTES])
+    if "arch" not in cache:
+        constants = kernel_constants(module, "", [*_CONSTS, *ARCH_CONSTANTS.values()])
         for name, want in _CONSTS.items():
             if constants[name] != want:
                 raise RuntimeError(f"topk: kernel constant {name}={constants[name]} but the launcher assumes {want}")
-        cache["stage_bytes"] = constants[STAGE_BYTES]
-    return cache["stage_bytes"]
+        cache["arch"] = {key: constants[name] for key, name in ARCH_CONSTANTS.items()}
+    return cache["arch"]
 
 
 def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None:
@@ -173,7 +167,8 @@ def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None
         raise ValueError("topk: logits must be C-contiguous")
     if rows == 0:
         return
-    stage_bytes = _stage_bytes(module)
+    arch = _arch(module)
+    stage_bytes = arch["stage_bytes"]
 
     vt, S, chunk = plan(rows, vocab, V, sm_count())
     if vt is None:
@@ -181,11 +176,11 @@ def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None
         fn((rows,), (GENERAL_THREADS,), (logits, top_ids, top_logp, np.int32(vocab), np.int32(V)))
         return
 
-    cluster = cluster_size(S, _compute_capability())
+    cluster = cluster_size(S, arch["cluster"])
     if cluster:
         chunk = _cdiv(_cdiv(vocab, cluster), CHUNK_ALIGN) * CHUNK_ALIGN
-        fn = kernel_function(module, f"kdt_topk_cluster{cluster}_{sfx}_v{vt}", stage_bytes,
-                             attributes={_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: 1} if cluster > 8 else None)
+        fn = kernel_function(module, f"kdt_topk_cluster_{sfx}_v{vt}", stage_bytes,
+                             attributes={_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: 1} if cluster > PORTABLE_CLUSTER else None)
         fn((rows * cluster,), (SMALL_THREADS,),
            (logits, top_ids, top_logp, np.uint64(0), np.int32(vocab), np.int32(V), np.int32(chunk), np.int32(cluster)),
            shared_mem=stage_bytes)
