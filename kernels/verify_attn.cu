@@ -13,7 +13,8 @@
 //   Page size 64. N*H <= 2^31/64 rows per request, G <= 65535 (grid y), any prefix the block table holds.
 //   A row with no admissible key (empty prefix and no mask bit) gets out 0, lse -inf, like the reference.
 //
-// Algorithm (one CTA = 256 threads = 8 warps, mma.sync m16n8k16 bf16 -> f32, online softmax in fp32)
+// Algorithm (one CTA = 256 threads = 8 warps; mma.sync m16n8k16 bf16 -> f32, on sm_90a wgmma; online
+// softmax in fp32)
 //   The H*N query rows of request g are numbered r = i*H + h (exactly the memory order of q / out / lse),
 //   and a CTA owns ROWS = 64 consecutive rows: MLA has one latent KV head, so all 64 rows (slots x heads)
 //   share every key and the CTA streams the request's keys once for all of them, in tiles of KV_T tokens:
@@ -31,16 +32,51 @@
 //          sm_90a (cubin built for compute_90a, `WG_S`): wgmma instead of the split-D mma.sync: warpgroup
 //          c = w / 4 issues 36 wgmma.m64n32k16 (Q and K from smem through descriptors, 128-byte swizzle, Q and
 //          key tiles stored as 9 column blocks of 64 x 128 B) for rows 0..63 x keys 32c..+32; warp w ends up
-//          owning rows 16(w%4)..+16 x keys 32c..+32 (no exchange). PV below is unchanged (mma.sync).
+//          owning rows 16(w%4)..+16 x keys 32c..+32 (no exchange). P V is on wgmma too (`WG_PV`, below).
 //          sm_120 (KV_T = 16): warp w computes rows 16(w/2)..+16 x keys 8(w%2)..+8 over all of Dqk.
-//     max  s *= softmax_scale*log2(e); masked -> -inf; row max per warp -> smem; B1 (__syncthreads on sm_90,
-//          a 64-thread named barrier on sm_120); both warps owning a row take the same new running max m.
-//     P    p = exp2(s - m), P (bf16) -> smem, alpha = exp2(m_old - m) -> smem; each warp keeps a partial row
-//          sum over its own keys (same m in both warps, so the partials add at the end).
-//     B2   __syncthreads.
-//     PV   warp w owns value columns 64w..+64 for all 64 rows: O (64 x 64 fp32 per warp = 128 registers per
-//          thread) *= alpha (skipped by a warp vote when alpha == 1), O += P V with P by ldmatrix and V = the
-//          first 512 columns of the same smem key tile by ldmatrix.trans (V is not read again from memory).
+//     max  s *= softmax_scale*log2(e); masked -> -inf; row max per warp -> smem; B1 (__syncthreads on sm_90
+//          split-D, a 64-thread named barrier of the two warps sharing the rows on sm_90a and sm_120); both
+//          warps owning a row take the same new running max m.
+//     P    p = exp2(s - m), P (bf16) -> smem, alpha = exp2(m_old - m) (-> smem on the mma.sync P V path);
+//          each warp keeps a partial row sum over its own keys (same m in both warps, so the partials add at
+//          the end). P smem: ROWS rows of KV_T bf16, 16-byte chunk c of row r at c ^ (r & 7) (sm_90: rows of
+//          128 B, i.e. exactly the wgmma K-major 128-byte swizzle layout of a 64 x 64 tile, 1 KB aligned).
+//     B2   __syncthreads (sm_90a: each thread first issues fence.proxy.async for its own P stores, so that the
+//          wgmma, an async-proxy reader, sees them after the barrier).
+//     PV   mma.sync (sm_90, sm_120): warp w owns value columns 64w..+64 for all 64 rows: O (64 x 64 fp32 per
+//          warp = 128 registers per thread) *= alpha (skipped by a warp vote when alpha == 1), O += P V with
+//          P by ldmatrix and V = the first 512 columns of the same smem key tile by ldmatrix.trans (V is not
+//          read again from memory).
+//          sm_90a (`WG_PV`): warpgroup c owns value columns 256c..+256 for all 64 rows; O is the m64n256 D
+//          fragment (128 fp32 registers per thread: warp w holds rows 16(w%4) + gq, +8, the rows whose
+//          softmax it computed, so alpha is applied from registers, before B2, skipped by a warp vote when
+//          1). After B2: wgmma.fence, 4 x wgmma.m64n256k16 (one per 16 keys), commit, wait_group 0.
+//            A = P through a K-major 128-byte-swizzle descriptor (SBO 1024 B; k16 step = +32 B);
+//            B = V = column blocks 4c..4c+3 of the same key tile through an MN-major ("transposed B",
+//            imm-trans-b = 1) 128-byte-swizzle descriptor: LBO = 8192 B (next 64 value columns = next column
+//            block), SBO = 1024 B (next 8 keys); k16 step = +2048 B (16 key rows of 128 B).
+//          The wait retires the wgmma before the next B0, after which its key buffer is refilled and P is
+//          overwritten (synchronous: no P V / softmax overlap yet).
+//   sm_90a default (`WG_PIPE`, warp-specialised; the per-tile steps above remain the sm_90 / sm_120 path and
+//   the WG_PIPE = false fallback): warpgroup 0 alone computes S (36 x wgmma.m64n64k16: all 64 keys over all
+//   of Dqk, so Q and K are read once per tile, 144 KB of smem operand reads instead of 216 KB with m64n32 in
+//   both warpgroups; S was smem-bandwidth-bound), the softmax (a quad owns a whole row: no cross-warp max,
+//   no B1) and its half of P V; warpgroup 1 issues all key-tile cp.async and the other half of P V. P_k is
+//   written into the rope column block (block 8, 64 x 128 B) of tile k's own buffer, which S_k was the last
+//   to read, so P needs no buffer of its own and P_{k+1} never waits for the P V readers of P_k. Named
+//   barriers (producer bar.arrive, consumer bar.sync, 256 threads):
+//     PREADY  WG0 -> WG1: P_k and alpha_k are in smem (WG0 fenced its P stores to the async proxy);
+//     FULL    WG1 -> WG0: tile k+1 landed (WG1 waited its cp.async and fenced), arrived while WG1's P V runs;
+//     EMPTY+b WG0 -> WG1: WG0's P V of tile k retired, so WG1 refills buffer b = k & 1 with tile k+2;
+//     WG0 (128, WG0 only): all four warps past the S wait before P overwrites the rope block.
+//   WG0 per tile: [FULL] S_k, wait, [WG0], softmax, P_k + alpha_k, [arrive PREADY], O *= alpha, P V_k, wait,
+//   [arrive EMPTY]. WG1: [PREADY], O *= alpha_k (from smem), issue P V_k, wait tile k+1 + [arrive FULL], wait
+//   P V_k, [EMPTY], load tile k+2. So WG0's S_{k+1} overlaps WG1's P V_k, the loads leave WG0's path and the
+//   only full-CTA barriers are the prologue and the epilogue. The tensor pipe still idles during WG0's softmax
+//   (a third key buffer for S_{k+1} before softmax_k does not fit). Barrier phases cannot run ahead: every
+//   producer arrival k+1 (k+2 for EMPTY) is ordered after the consumer's wait k by the other barriers.
+//   Running max, row sums and lse live in WG0 only; alpha reaches WG1 through smem (read before WG1's FULL
+//   arrival, after which WG0 may write the next one).
 //   Epilogue: l = sum of the partials, out = O / l, lse = (m + log2 l) * ln 2; rows past n_nodes (and rows
 //   with no admissible key) get out 0 and lse -inf.
 //   Split (flash-decoding, num_splits > 1, grid z): split s of a request takes key tiles
@@ -54,6 +90,11 @@
 //                            kdt_verify_attn_smem_bytes: 230912 B on sm_90 / sm_100 (Q 72 KB + 2 x 72 KB key
 //                            tiles of 64 tokens + P 8 KB + 1.5 KB row stats); 95744 B on sm_120 (Q 72 KB + one
 //                            18 KB tile of 16 tokens + P 2 KB + stats, under the 99 KB limit). 1 CTA per SM.
+//                            sm_90a uses the same smem size (WG_PIPE leaves the 8 KB P buffer and the
+//                            row-stat arrays other than alpha / 1/l unused: P lives in the key tile's rope
+//                            block); 254 registers with WG_PIPE (128 O + 32 S accumulators in WG0, ptxas
+//                            uses the rest of the 255 it may: 1 CTA of 256 threads per SM), 193 with the
+//                            fallback; no spill.
 //   kdt_verify_attn_combine: grid (ceil(N*H/2), G), block 256 (4 warps per row), no smem; only when
 //                            num_splits > 1. num_splits comes from shapes only (graph capturable).
 //
@@ -114,6 +155,32 @@ constexpr int PV_NP = DV_W / 16;              // pairs of 8-column n-tiles per P
 constexpr int KSTEPS_PV = KV_T / 16;          // k16 steps of P V per tile
 constexpr int P_ROW_BYTES = KV_T * 2;
 constexpr int P_CHUNKS = KV_T / 8;            // 16-byte chunks per P row
+// O accumulators per thread: O_NT n8-tiles x 4 fp32 = 128 registers on every path.
+//   mma.sync P V: tile j = 2*PV_NP*mt + nt holds rows 16mt + gq (+8) x columns DV_W*warp + 8nt + 2cq (+1).
+//   WG_PV: the m64n256k16 D fragment, tile j holds rows own0 + gq (+8) x columns PV_WG_N*s_cg + 8j + 2cq (+1).
+constexpr int O_NT = MT * 2 * PV_NP;
+// sm_90a: P V by wgmma as well (WG_PV): warpgroup c computes O[:, 256c..256c+255] (all 64 rows) with 4
+// wgmma.m64n256k16 per key tile, A = P (64 x 64, K-major 128-byte swizzle, the P tile is exactly one swizzle
+// column block) and B = V = column blocks 4c..4c+3 of the key tile (MN-major, transposed B). Setting WG_PV to
+// false keeps wgmma S with the mma.sync P V below (a diagnosis switch; both are complete paths).
+constexpr bool WG_PV = WG_S;
+constexpr int PV_WG_N = DV / 2;               // value columns per warpgroup (the n of m64n256k16)
+// sm_90a: warp-specialised producer / consumer tile loop (`WG_PIPE`, see the header comment). false = the
+// synchronous loop below with WG_S / WG_PV (both warpgroups compute S, m64n32 each); a diagnosis switch.
+constexpr bool WG_PIPE = WG_S;
+constexpr int WG_THREADS = 128;               // one warpgroup
+constexpr int PIPE_NT = KV_T / 8;             // WG_PIPE: n8 tiles of the m64n64 S fragment (all keys of a tile)
+constexpr int P_BLK = DQK / 64 - 1;           // WG_PIPE: P_k lives in column block 8 (rope, 64 x 128 B) of tile k
+// Named barriers of WG_PIPE (0 is __syncthreads). Producer side bar.arrive, consumer side bar.sync, THREADS.
+constexpr int BAR_PREADY = 1;                 // WG0 -> WG1: P_k and alpha_k are in smem
+constexpr int BAR_FULL = 2;                   // WG1 -> WG0: tile k+1 has landed (cp.async by WG1)
+constexpr int BAR_EMPTY = 3;                  // + (tile parity): WG0 -> WG1: WG0's P V of tile k has retired
+constexpr int BAR_WG0 = 5;                    // WG0 only (128): every S wgmma read of tile k is done
+static_assert(BAR_PREADY > 0 && BAR_FULL > BAR_PREADY && BAR_EMPTY > BAR_FULL && BAR_WG0 > BAR_EMPTY + 1 &&
+                  BAR_WG0 < 16, "WG_PIPE: distinct hardware barrier ids (1..15)");
+static_assert(!WG_PIPE || (WG_S && WG_PV && THREADS == 2 * WG_THREADS && PIPE_NT == 8 && P_BLK == 8 &&
+                           KV_T == PAGE && (P_BLK + 1) * 64 == DQK),
+              "WG_PIPE: two warpgroups, 64-key tiles (one page), P in the rope column block");
 
 constexpr int Q_BYTES = ROWS * ROW_BYTES;
 constexpr int KV_TILE_BYTES = KV_T * ROW_BYTES;
@@ -137,6 +204,10 @@ static_assert(COMBINE_THREADS % (32 * COMBINE_WARPS_PER_ROW) == 0, "combine: who
 static_assert(!WG_S || (ROWS == 64 && KV_T == 64 && TW == 32 && WARPS == 8 && OFF_KV % 1024 == 0 &&
                         KV_TILE_BYTES % 1024 == 0), "wgmma S: two warpgroups x (64 rows x 32 keys), 1 KB atoms");
 static_assert(DV_W == 64, "PV warp = one 64-column block of V");
+static_assert(O_NT == 32, "O = 128 fp32 registers per thread");
+static_assert(!WG_PV || (WG_S && PV_WG_N == 256 && PV_WG_N % 64 == 0 && P_CHUNKS == 8 && P_ROW_BYTES == 128 &&
+                         OFF_P % 1024 == 0 && BLK == 8192 && TROW == 128),
+              "wgmma P V: two warpgroups x m64n256, P = one 64 x 128 B swizzle block, V = 64-column blocks");
 static_assert(SPLIT_D ? (ROWS == 64 && TW == 32 && WARPS == 8) : (WARPS / S_WN) * 16 == ROWS,
               "S warps must cover the query rows");
 static_assert(!SPLIT_D || P_BYTES >= (WARPS / 2) * 2048, "split-D exchange lives in the P buffer");
@@ -217,6 +288,39 @@ __device__ __forceinline__ void load_kv_tile(uint32_t s_tile, int k, int page, i
     load_rows<KV_T>(s_tile, src, valid);
 }
 
+// WG_PIPE: key tile k loaded by warpgroup 1 alone (128 threads, wgmma 128-byte swizzle layout). Thread t copies
+// chunks t % 8 + 8i (i = 0..8, i.e. chunk t % 8 of column block i) of rows t / 8 + 16p (p = 0..3): 8 threads
+// cover 128 contiguous bytes of a row, and the four rows share row & 7, so one lane offset serves all 36
+// copies (the rest are immediates: p * 16 rows, i * BLK).
+__device__ __forceinline__ void load_kv_tile_wg1(uint32_t s_tile, int k, int page, int n_pref, int plen, int N,
+                                                 int g, const uint16_t* __restrict__ kv_cache,
+                                                 const uint16_t* __restrict__ kv_tree) {
+    static_assert(!WG_PIPE || (KV_T == 64 && ROW_CHUNKS == 8 * (DQK / 64) && WG_THREADS == 128), "WG1 loader: 64 rows x 9 blocks");
+    const int t = static_cast<int>(thread_x()) - WG_THREADS;
+    const int lc = t & 7;
+    const int row0 = t >> 3;  // 0..15
+    const uint32_t dst = s_tile + static_cast<uint32_t>(row0 * TROW + ((lc ^ (row0 & 7)) << 4));
+#pragma unroll
+    for (int p = 0; p < KV_T / 16; ++p) {
+        const int row = row0 + 16 * p;
+        const uint16_t* src = kv_cache;
+        bool valid;
+        if (k < n_pref) {
+            const int tok0 = k * KV_T;
+            valid = tok0 + row < plen;
+            if (valid) src = kv_cache + (static_cast<size_t>(page) * PAGE + (tok0 % PAGE) + row) * DQK;
+        } else {
+            const int j = (k - n_pref) * KV_T + row;
+            valid = j < N;
+            if (valid) src = kv_tree + (static_cast<size_t>(g) * N + j) * DQK;
+        }
+        const char* s8 = reinterpret_cast<const char*>(src) + lc * 16;
+        const uint32_t nbytes = valid ? 16u : 0u;
+#pragma unroll
+        for (int i = 0; i < DQK / 64; ++i) cp_async16(dst + 16 * TROW * p + BLK * i, s8 + 128 * i, nbytes);
+    }
+}
+
 }  // namespace va
 
 // Launch constants, read by kdt/launch/verify_attn.py through module.get_global.
@@ -229,8 +333,8 @@ extern "C" __constant__ int kdt_verify_attn_dv = va::DV;
 extern "C" __constant__ int kdt_verify_attn_page = va::PAGE;
 extern "C" __constant__ int kdt_verify_attn_combine_threads = va::COMBINE_THREADS;
 extern "C" __constant__ int kdt_verify_attn_combine_rows = va::COMBINE_ROWS;
-// 1 when S = Q K^T runs on wgmma (a cubin built for sm_90a), else 0 (mma.sync); informational only: both paths
-// have the same entry points, launch shape and smem size.
+// 1 when S = Q K^T (and, with WG_PV, P V) runs on wgmma (a cubin built for sm_90a), else 0 (mma.sync);
+// informational only: both paths have the same entry points, launch shape and smem size.
 extern "C" __constant__ int kdt_verify_attn_wgmma = va::WG_S ? 1 : 0;
 
 // ---------------------------------------------------------------------------------------------------------
@@ -294,6 +398,282 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
     float* invl_s = reinterpret_cast<float*>(smem + OFF_INVL);
     const int* bt_row = block_table + static_cast<size_t>(g) * max_pages;
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (WG_PIPE) {
+        // ================= sm_90a warp-specialised tile loop (see "WG_PIPE" in the header comment) =========
+        const int gq = lane >> 2, cq = lane & 3;
+        const int wg = warp >> 2;                     // 0: S + softmax + P V cols 0..255; 1: loads + P V 256..511
+        const int rowA = 16 * (warp & 3) + gq;        // D-fragment rows of this thread (S and P V alike)
+        const int rowB = rowA + 8;
+        const int grA = r0 + rowA, grB = r0 + rowB;
+        const bool split_mode = num_splits > 1;
+
+        // ---- prologue: Q + tile kb (all threads), tile kb+1 (WG1, its own cp.async group, left in flight)
+        {
+            constexpr int TPR = THREADS / ROWS;
+            const int row = tid / TPR;
+            const bool valid = r0 + row < active;
+            const uint16_t* src = valid ? q + (static_cast<size_t>(g) * R + r0 + row) * DQK : q;
+            load_rows<ROWS>(sQ, src, valid);
+        }
+        load_kv_tile(sKV, kb, kb < n_pref ? __ldg(bt_row + (kb * KV_T) / PAGE) : 0, n_pref, plen, N, g, kv_cache,
+                     kv_tree);
+        cp_async_commit();
+        if (wg == 1 && kb + 1 < ke) {
+            load_kv_tile_wg1(sKV + KV_TILE_BYTES, kb + 1, kb + 1 < n_pref ? __ldg(bt_row + ((kb + 1) * KV_T) / PAGE) : 0,
+                             n_pref, plen, N, g, kv_cache, kv_tree);
+            cp_async_commit();
+            cp_async_wait_1();
+        } else {
+            cp_async_wait_all();
+        }
+        fence_proxy_async();  // this thread's cp.async writes (Q, tile kb) -> visible to wgmma (async proxy)
+        __syncthreads();      // Q and tile kb in smem for everyone
+
+        float o[O_NT][4];     // m64n256 D fragment: o[j][e] = row rowA (e < 2) / rowB, column 256 wg + 8j + 2cq + (e&1)
+#pragma unroll
+        for (int j = 0; j < O_NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
+        // P V of tile k for this warpgroup's 256 value columns: A = P_k (column block P_BLK of the tile, K-major
+        // 128-byte swizzle, k16 step = +32 B), B = V = column blocks 4wg..4wg+3 (MN-major, LBO = BLK to the next
+        // 64 columns, SBO = 1024 B to the next 8 keys, k16 step = +2048 B). Synchronous per warpgroup.
+        auto pv_tile = [&](uint32_t tile) {
+            const uint64_t dp = wgmma_desc_sw128(tile + static_cast<uint32_t>(P_BLK * BLK));
+            const uint64_t dv = wgmma_desc_sw128_mn(tile + static_cast<uint32_t>(wg * (PV_WG_N / 64) * BLK), BLK,
+                                                    8 * TROW);
+#pragma unroll
+            for (int j = 0; j < O_NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) reg_fence(o[j][e]);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS_PV; ++kk)
+                wgmma_m64n256k16_tb(o, dp + static_cast<uint64_t>((32 * kk) >> 4),
+                                    dv + static_cast<uint64_t>((16 * TROW * kk) >> 4));
+            wgmma_commit();
+#pragma unroll
+            for (int j = 0; j < O_NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) reg_fence(o[j][e]);
+        };
+        auto pv_wait = [&]() {
+            wgmma_wait0();
+#pragma unroll
+            for (int j = 0; j < O_NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) reg_fence(o[j][e]);
+        };
+        auto rescale = [&](float alA, float alB) {
+            // the running max rarely moves after the first tiles: skip the 128 multiplies when alpha == 1
+            if (__any_sync(0xffffffffu, (alA != 1.f) | (alB != 1.f))) {
+#pragma unroll
+                for (int j = 0; j < O_NT; ++j) {
+                    o[j][0] *= alA;
+                    o[j][1] *= alA;
+                    o[j][2] *= alB;
+                    o[j][3] *= alB;
+                }
+            }
+        };
+
+        if (wg == 0) {
+            // ---- WG0: S = Q K^T (m64n64, all keys, all of Dqk), online softmax, P, its half of P V
+            const bool actA = grA < active, actB = grB < active;
+            float mA = NEG_INF, mB = NEG_INF;  // running max (scaled, log2 units)
+            float lA = 0.f, lB = 0.f;          // partial row sums over this thread's columns
+            const uint64_t dq = wgmma_desc_sw128(sQ);
+            for (int k = kb; k < ke; ++k) {
+                const int it = k - kb;
+                const uint32_t tile = sKV + static_cast<uint32_t>((it & 1) * KV_TILE_BYTES);
+                if (it > 0) named_barrier(BAR_FULL, THREADS);  // tile k landed (WG1 waited + fenced its cp.async)
+
+                // tree tile: mask bits of keys j0..j0+63 for rows rowA / rowB (issued before S: latency hidden)
+                const bool tree = k >= n_pref;
+                const int j0 = (k - n_pref) * KV_T;
+                uint64_t wA = 0u, wB = 0u;
+                if (tree && j0 < N) {
+                    const uint32_t* mrow = mask + static_cast<size_t>(g) * N * W + (j0 >> 5);
+                    const bool two = (j0 >> 5) + 1 < W;  // keys j0+32.. exist (W = ceil(N / 32))
+                    if (actA) {
+                        const uint32_t* m = mrow + (grA / H) * W;
+                        wA = __ldg(m) | (two ? static_cast<uint64_t>(__ldg(m + 1)) << 32 : 0u);
+                    }
+                    if (actB) {
+                        const uint32_t* m = mrow + (grB / H) * W;
+                        wB = __ldg(m) | (two ? static_cast<uint64_t>(__ldg(m + 1)) << 32 : 0u);
+                    }
+                }
+
+                // S (64 rows x 64 keys): 36 wgmma.m64n64k16 over the 9 column blocks x 4 k16 steps; Q and K both
+                // K-major 128-byte swizzle. d[4nt + e] = row rowA (e < 2) / rowB, key 8nt + 2cq + (e & 1).
+                float d[4 * PIPE_NT];
+#pragma unroll
+                for (int e = 0; e < 4 * PIPE_NT; ++e) d[e] = 0.f;
+#pragma unroll
+                for (int e = 0; e < 4 * PIPE_NT; ++e) reg_fence(d[e]);
+                const uint64_t dk = wgmma_desc_sw128(tile);
+                wgmma_fence();
+#pragma unroll
+                for (int m = 0; m < DQK / 64; ++m)
+#pragma unroll
+                    for (int kk = 0; kk < 4; ++kk) {
+                        const uint64_t off = static_cast<uint64_t>((m * BLK + 32 * kk) >> 4);
+                        wgmma_m64n64k16(d, dq + off, dk + off);
+                    }
+                wgmma_commit();
+#pragma unroll
+                for (int e = 0; e < 4 * PIPE_NT; ++e) reg_fence(d[e]);
+                wgmma_wait0();
+#pragma unroll
+                for (int e = 0; e < 4 * PIPE_NT; ++e) reg_fence(d[e]);
+                // P_k overwrites the rope block of tile k, which every warp's share of the S wgmma reads (all 64
+                // key rows): all four warps must be past their wait first.
+                named_barrier(BAR_WG0, WG_THREADS);
+
+                // scale, mask, row max: a thread holds 16 keys of each of its two rows, a quad holds the whole
+                // row (no cross-warp exchange)
+                float mxA = NEG_INF, mxB = NEG_INF;
+                {
+                    const int lim = tree ? N - j0 : plen - k * KV_T;  // valid keys c < lim (+ mask bit on tree)
+#pragma unroll
+                    for (int nt = 0; nt < PIPE_NT; ++nt) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int c = 8 * nt + 2 * cq + e;
+                            bool okA = c < lim, okB = c < lim;
+                            if (tree) {
+                                okA = okA && ((wA >> c) & 1u);
+                                okB = okB && ((wB >> c) & 1u);
+                            }
+                            d[4 * nt + e] = okA ? d[4 * nt + e] * scale_log2e : NEG_INF;
+                            d[4 * nt + 2 + e] = okB ? d[4 * nt + 2 + e] * scale_log2e : NEG_INF;
+                            mxA = fmaxf(mxA, d[4 * nt + e]);
+                            mxB = fmaxf(mxB, d[4 * nt + 2 + e]);
+                        }
+                    }
+                }
+                mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 1));
+                mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 2));
+                mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 1));
+                mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
+                const float mnA = fmaxf(mA, mxA), mnB = fmaxf(mB, mxB);
+                const float muA = mnA == NEG_INF ? 0.f : mnA;  // a row with no key yet: p = 0, alpha = 0
+                const float muB = mnB == NEG_INF ? 0.f : mnB;
+                const float alA = ex2(mA - muA), alB = ex2(mB - muB);
+                mA = mnA;
+                mB = mnB;
+
+                // P = exp2(s - m) -> bf16 into the rope block of tile k (64 rows x 128 B, chunk c of row r at
+                // c ^ (r & 7): the K-major 128-byte swizzle atom layout the P V wgmma reads); row sums in fp32
+                const uint32_t pst = tile + static_cast<uint32_t>(P_BLK * BLK + rowA * TROW + 4 * cq);
+                const int pz = rowA & 7;  // rowB = rowA + 8: same swizzle
+                float sumA = 0.f, sumB = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < PIPE_NT; ++nt) {
+                    const float p0 = ex2(d[4 * nt + 0] - muA), p1 = ex2(d[4 * nt + 1] - muA);
+                    const float p2 = ex2(d[4 * nt + 2] - muB), p3 = ex2(d[4 * nt + 3] - muB);
+                    sumA += p0 + p1;
+                    sumB += p2 + p3;
+                    const uint32_t pa = pst + static_cast<uint32_t>((nt ^ pz) << 4);
+                    sts32(pa, pack_bf16(p0, p1));
+                    sts32(pa + 8 * TROW, pack_bf16(p2, p3));
+                }
+                lA = lA * alA + sumA;
+                lB = lB * alB + sumB;
+                if (cq == 0) {  // WG1 rescales its O columns with the same alpha (read after BAR_PREADY)
+                    alpha_s[rowA] = alA;
+                    alpha_s[rowB] = alB;
+                }
+                fence_proxy_async();  // this thread's P stores (generic proxy) -> visible to P V wgmma (async)
+                named_barrier_arrive(BAR_PREADY, THREADS);
+
+                rescale(alA, alB);  // this warpgroup's previous P V has retired (pv_wait below)
+                pv_tile(tile);
+                pv_wait();
+                // WG1 refills this buffer with tile k+2 once both warpgroups' P V of tile k retired
+                if (k + 2 < ke) named_barrier_arrive(BAR_EMPTY + (it & 1), THREADS);
+            }
+            // row sums -> 1 / l and lse (WG0 alone holds the running max and every tile's row sums)
+            lA += __shfl_xor_sync(0xffffffffu, lA, 1);
+            lA += __shfl_xor_sync(0xffffffffu, lA, 2);
+            lB += __shfl_xor_sync(0xffffffffu, lB, 1);
+            lB += __shfl_xor_sync(0xffffffffu, lB, 2);
+            if (cq == 0) {
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int row = half ? rowB : rowA;
+                    const int gr = half ? grB : grA;
+                    const bool act = half ? actB : actA;
+                    const float m = half ? mB : mA;
+                    const float L = half ? lB : lA;
+                    const bool ok = act && L > 0.f;
+                    invl_s[row] = ok ? 1.f / L : 0.f;
+                    const float lse_v = ok ? (m + log2f(L)) * LN2 : NEG_INF;
+                    if (gr < R) {
+                        if (split_mode)
+                            part_lse[(static_cast<size_t>(split) * G + g) * Rpad + gr] = lse_v;
+                        else
+                            lse[static_cast<size_t>(g) * R + gr] = lse_v;
+                    }
+                }
+            }
+        } else {
+            // ---- WG1: key tile loads (tile k+2 into tile k's buffer), its half of P V
+            int page2 = kb + 2 < n_pref ? __ldg(bt_row + ((kb + 2) * KV_T) / PAGE) : 0;
+            for (int k = kb; k < ke; ++k) {
+                const int it = k - kb;
+                const uint32_t tile = sKV + static_cast<uint32_t>((it & 1) * KV_TILE_BYTES);
+                named_barrier(BAR_PREADY, THREADS);  // P_k, alpha_k in smem (WG0 fenced its P stores)
+                // read alpha before the BAR_FULL arrive below: WG0 writes alpha_{k+1} only after BAR_FULL
+                rescale(alpha_s[rowA], alpha_s[rowB]);
+                pv_tile(tile);
+                if (k + 1 < ke) {
+                    // tile k+1 (the only cp.async group in flight) -> visible to WG0's S wgmma; waited while
+                    // this warpgroup's P V runs
+                    cp_async_wait_all();
+                    fence_proxy_async();
+                    named_barrier_arrive(BAR_FULL, THREADS);
+                }
+                pv_wait();
+                if (k + 2 < ke) {
+                    named_barrier(BAR_EMPTY + (it & 1), THREADS);  // WG0's P V of tile k retired too
+                    load_kv_tile_wg1(tile, k + 2, page2, n_pref, plen, N, g, kv_cache, kv_tree);
+                    cp_async_commit();
+                    page2 = k + 3 < n_pref ? __ldg(bt_row + ((k + 3) * KV_T) / PAGE) : 0;
+                }
+            }
+        }
+        __syncthreads();  // invl_s (WG0) -> both warpgroups
+
+        // ---- store O / l: this thread's rows rowA / rowB, columns 256 wg + 8j + 2cq (+1)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = half ? rowB : rowA;
+            const int gr = r0 + row;
+            if (gr >= R) continue;
+            const float inv = invl_s[row];
+            const size_t obase = split_mode ? ((static_cast<size_t>(split) * G + g) * Rpad + gr) * DV
+                                            : (static_cast<size_t>(g) * R + gr) * DV;
+#pragma unroll
+            for (int j = 0; j < O_NT; ++j) {
+                const int col = PV_WG_N * wg + 8 * j + 2 * cq;
+                // inv == 0 (row past n_nodes / no key): +0, never -0 (the contract's zero rows)
+                const float v0 = inv != 0.f ? o[j][2 * half] * inv : 0.f;
+                const float v1 = inv != 0.f ? o[j][2 * half + 1] * inv : 0.f;
+                if (split_mode) {
+                    *reinterpret_cast<float2*>(part_o + obase + col) = make_float2(v0, v1);
+                } else if (out_bf16) {
+                    *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(out) + obase + col) = pack_bf16(v0, v1);
+                } else {
+                    *reinterpret_cast<float2*>(static_cast<float*>(out) + obase + col) = make_float2(v0, v1);
+                }
+            }
+        }
+        return;
+    }
+#endif
+
     // ---- prologue: Q tile + first key tile in one cp.async group
     {
         constexpr int TPR = THREADS / ROWS;
@@ -354,7 +734,8 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
             kaddr[u] = sKV + static_cast<uint32_t>(key * ROW_BYTES + (((2 * u + hi8) ^ r7) << 4));
         }
     }
-    // PV role: warp owns value columns DV_W*warp.., all ROWS rows.
+    // PV role (mma.sync P V; WG_PV reads P and V through descriptors instead): warp owns value columns
+    //    DV_W*warp.., all ROWS rows.
     // A (P, 16 rows x k16 keys): lane addresses row 16*mt + (lane & 15), chunk 2*kk + hi16 (swizzled by pswz,
     //    which depends on lane & 15 only). B (V, keys as k, value columns as n; transposed): matrices
     //    (keys 0-7, ntile 0), (keys 8-15, ntile 0), (keys 0-7, ntile 1), (keys 8-15, ntile 1) -> lane addresses
@@ -371,13 +752,11 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
     const uint32_t pst = sP + static_cast<uint32_t>(rowA * P_ROW_BYTES + 4 * cq);
     const int pz = pswz(rowA);
 
-    float o[MT][2 * PV_NP][4];
+    float o[O_NT][4];  // see O_NT for the (row, column) of each register on either P V path
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int j = 0; j < O_NT; ++j)
 #pragma unroll
-        for (int nt = 0; nt < 2 * PV_NP; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) o[mt][nt][e] = 0.f;
+        for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
     float mA = NEG_INF, mB = NEG_INF;  // running max (scaled, log2 units) of rows rowA / rowB
     float lA = 0.f, lB = 0.f;          // partial row sums over this warp's columns
 
@@ -601,14 +980,65 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
         }
         lA = lA * alA + sumA;
         lB = lB * alB + sumB;
-        if (s_cg == 0 && cq == 0) {
+        if constexpr (WG_PV) {
+            // O rows of this thread = rowA / rowB (the D fragment of m64n256 and of the S wgmma agree), so alpha
+            // is already in registers. The previous P V wgmma has retired (wgmma_wait0 below), so the
+            // accumulators can be scaled here, before B2; the running max rarely moves after the first tiles:
+            // skip the 128 multiplies when alpha == 1 for the whole warp.
+            if (__any_sync(0xffffffffu, (alA != 1.f) | (alB != 1.f))) {
+#pragma unroll
+                for (int j = 0; j < O_NT; ++j) {
+                    o[j][0] *= alA;
+                    o[j][1] *= alA;
+                    o[j][2] *= alB;
+                    o[j][3] *= alB;
+                }
+            }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+            fence_proxy_async();  // this thread's P stores (generic proxy) -> visible to the P V wgmma (async proxy)
+#endif
+        } else if (s_cg == 0 && cq == 0) {
             alpha_s[rowA] = alA;
             alpha_s[rowB] = alB;
         }
-        __syncthreads();  // B2: P and alpha of tile k visible
+        __syncthreads();  // B2: P (and alpha) of tile k visible to every warp
 
-        // ---- O = O * alpha + P V (64 rows x DV_W columns per warp)
+        // ---- O += P V
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+        if constexpr (WG_PV) {
+            // warpgroup s_cg: O[:, PV_WG_N*s_cg..+PV_WG_N] += P (64 x KV_T) V (KV_T x PV_WG_N), KV_T/16 k16 steps.
+            //   A = P: K-major 128-byte swizzle (the layout of the P stores above: row r at 128r, chunk c at
+            //     c ^ (r & 7)); k16 step kk at +32*kk bytes (inside the 128-byte row, as for Q / K in S).
+            //   B = V: column blocks 4*s_cg..+4 of the key tile, MN-major: LBO = BLK (8192 B, next 64 value
+            //     columns), SBO = 8*TROW (1024 B, next 8 keys); k16 step kk at +16*TROW = 2048 bytes.
+            const uint64_t dp = wgmma_desc_sw128(sP);
+            const uint64_t dv = wgmma_desc_sw128_mn(sKV + kvoff + static_cast<uint32_t>(s_cg * (PV_WG_N / 64) * BLK),
+                                                    BLK, 8 * TROW);
+#pragma unroll
+            for (int j = 0; j < O_NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) reg_fence(o[j][e]);  // the rescale above is done before the fence
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS_PV; ++kk)
+                wgmma_m64n256k16_tb(o, dp + static_cast<uint64_t>((32 * kk) >> 4),
+                                    dv + static_cast<uint64_t>((16 * TROW * kk) >> 4));
+            wgmma_commit();
+#pragma unroll
+            for (int j = 0; j < O_NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) reg_fence(o[j][e]);
+            // retire before B0 of the next tile: after it, tile k's buffer is refilled (cp.async) and P is
+            // overwritten by the other warpgroup, both read by this wgmma
+            wgmma_wait0();
+#pragma unroll
+            for (int j = 0; j < O_NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) reg_fence(o[j][e]);
+        } else
+#endif
         {
+            // ---- mma.sync: O = O * alpha + P V (64 rows x DV_W columns per warp)
             // the running max rarely moves after the first tiles: skip the 128 multiplies when alpha == 1
             float aA[MT], aB[MT];
             bool rescale = false;
@@ -623,30 +1053,31 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
                 for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
                     for (int nt = 0; nt < 2 * PV_NP; ++nt) {
-                        o[mt][nt][0] *= aA[mt];
-                        o[mt][nt][1] *= aA[mt];
-                        o[mt][nt][2] *= aB[mt];
-                        o[mt][nt][3] *= aB[mt];
+                        o[2 * PV_NP * mt + nt][0] *= aA[mt];
+                        o[2 * PV_NP * mt + nt][1] *= aA[mt];
+                        o[2 * PV_NP * mt + nt][2] *= aB[mt];
+                        o[2 * PV_NP * mt + nt][3] *= aB[mt];
                     }
                 }
             }
-        }
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS_PV; ++kk) {
-            uint32_t a[MT][4];
+            for (int kk = 0; kk < KSTEPS_PV; ++kk) {
+                uint32_t a[MT][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                ldsm_x4(pbase + mt * 16 * P_ROW_BYTES +
-                            (P_CHUNKS == 8 ? xo[kk] : static_cast<uint32_t>(((2 * kk + hi16) ^ pswz(lane & 15)) << 4)),
-                        a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
+                for (int mt = 0; mt < MT; ++mt)
+                    ldsm_x4(pbase + mt * 16 * P_ROW_BYTES +
+                                (P_CHUNKS == 8 ? xo[kk]
+                                               : static_cast<uint32_t>(((2 * kk + hi16) ^ pswz(lane & 15)) << 4)),
+                            a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
 #pragma unroll
-            for (int np = 0; np < PV_NP; ++np) {
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4_t(vbase + xo[np] + kvoff + kk * 16 * TROW, b0, b1, b2, b3);
+                for (int np = 0; np < PV_NP; ++np) {
+                    uint32_t b0, b1, b2, b3;
+                    ldsm_x4_t(vbase + xo[np] + kvoff + kk * 16 * TROW, b0, b1, b2, b3);
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_bf16(o[mt][2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
-                    mma_bf16(o[mt][2 * np + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b2, b3);
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma_bf16(o[2 * PV_NP * mt + 2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+                        mma_bf16(o[2 * PV_NP * mt + 2 * np + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b2, b3);
+                    }
                 }
             }
         }
@@ -691,7 +1122,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            const int row = 16 * mt + gq + 8 * half;
+            const int row = (WG_PV ? own0 : 16 * mt) + gq + 8 * half;
             const int gr = r0 + row;
             if (gr >= R) continue;
             const float inv = invl_s[row];
@@ -699,10 +1130,11 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
                                             : (static_cast<size_t>(g) * R + gr) * DV;
 #pragma unroll
             for (int nt = 0; nt < 2 * PV_NP; ++nt) {
-                const int col = DV_W * warp + 8 * nt + 2 * cq;
+                const int j = 2 * PV_NP * mt + nt;  // O tile (see O_NT)
+                const int col = (WG_PV ? PV_WG_N * s_cg + 8 * j : DV_W * warp + 8 * nt) + 2 * cq;
                 // inv == 0 (row past n_nodes / no key): +0, never -0 (the contract's zero rows)
-                const float v0 = inv != 0.f ? o[mt][nt][2 * half] * inv : 0.f;
-                const float v1 = inv != 0.f ? o[mt][nt][2 * half + 1] * inv : 0.f;
+                const float v0 = inv != 0.f ? o[j][2 * half] * inv : 0.f;
+                const float v1 = inv != 0.f ? o[j][2 * half + 1] * inv : 0.f;
                 if (split_mode) {
                     *reinterpret_cast<float2*>(part_o + obase + col) = make_float2(v0, v1);
                 } else if (out_bf16) {
