@@ -17,8 +17,8 @@ Paths (see the header of kernels/topk.cu):
 Workspace (only when 1 < S < CLUSTER_MIN_SPLITS), byte offsets, each part padded to 256 bytes:
     u32 counter[R] | float2 (max, sum-exp) stats[R][S] | uint2 (key, id) candidates[R][S][VT]
 The kernel leaves the counters zero again (the rest is rewritten before it is read).  Everything here is host
-arithmetic on shapes; the only device reads are the one-time check of the module's exported constants and
-the device's compute capability (first launch with a given module).
+arithmetic on shapes; the only device read is the one-time read of the module's exported constants (first
+launch with a given module).
 """
 from __future__ import annotations
 
@@ -177,23 +177,25 @@ def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None
         return
 
     cluster = cluster_size(S, arch["cluster"])
+    attributes = None
     if cluster:
-        chunk = _cdiv(_cdiv(vocab, cluster), CHUNK_ALIGN) * CHUNK_ALIGN
-        fn = kernel_function(module, f"kdt_topk_cluster_{sfx}_v{vt}", stage_bytes,
-                             attributes={_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: 1} if cluster > PORTABLE_CLUSTER else None)
-        fn((rows * cluster,), (SMALL_THREADS,),
-           (logits, top_ids, top_logp, np.uint64(0), np.int32(vocab), np.int32(V), np.int32(chunk), np.int32(cluster)),
-           shared_mem=stage_bytes)
-        return
-    need = _ws_bytes(rows, S, vt)
-    if need:
-        if workspace is None or workspace.nbytes < need:
-            have = 0 if workspace is None else workspace.nbytes
-            raise ValueError(f"topk: workspace of {need} bytes needed, got {have} (see workspace_nbytes)")
-        ws = workspace
+        S = cluster
+        chunk = _cdiv(_cdiv(vocab, S), CHUNK_ALIGN) * CHUNK_ALIGN
+        name = f"kdt_topk_cluster_{sfx}_v{vt}"
+        ws = np.uint64(0)  # the cluster merges in shared memory: no workspace
+        if cluster > PORTABLE_CLUSTER:
+            attributes = {_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: 1}
     else:
-        ws = np.uint64(0)  # null pointer: the kernel never touches the workspace when S == 1
-    fn = kernel_function(module, f"kdt_topk_small_{sfx}_v{vt}", stage_bytes)
+        name = f"kdt_topk_small_{sfx}_v{vt}"
+        need = _ws_bytes(rows, S, vt)
+        if need:
+            if workspace is None or workspace.nbytes < need:
+                have = 0 if workspace is None else workspace.nbytes
+                raise ValueError(f"topk: workspace of {need} bytes needed, got {have} (see workspace_nbytes)")
+            ws = workspace
+        else:
+            ws = np.uint64(0)  # null pointer: the kernel never touches the workspace when S == 1
+    fn = kernel_function(module, name, stage_bytes, attributes)
     fn((rows * S,), (SMALL_THREADS,),
        (logits, top_ids, top_logp, ws, np.int32(vocab), np.int32(V), np.int32(chunk), np.int32(S)),
        shared_mem=stage_bytes)
