@@ -284,8 +284,25 @@ struct Gate {
     }
 };
 
+// Entries first, first + stride, ... of buf[0 .. n) go to out_k/out_i[rank] when rank < limit, with rank = the
+// number of entries better than it (ids are unique: the ranks are a permutation).
+__device__ __forceinline__ void place_by_rank(const uint2* buf, uint32_t n, uint32_t first, uint32_t stride,
+                                              uint32_t limit, uint32_t* out_k, uint32_t* out_i) {
+    for (uint32_t e = first; e < n; e += stride) {
+        const uint2 c = buf[e];
+        uint32_t rank = 0;
+        for (uint32_t j = 0; j < n; ++j) {
+            const uint2 o = buf[j];
+            rank += better(o.x, o.y, c.x, c.y) ? 1u : 0u;
+        }
+        if (rank < limit) {
+            out_k[rank] = c.x;
+            out_i[rank] = c.y;
+        }
+    }
+}
+
 // Warp-synchronous: the top-VT (best first) of buf[0 .. n) -> out_k/out_i[0 .. VT) (empty slots (0, ~0)).
-// Rank of an entry = number of entries better than it (ids are unique: a permutation).
 template <int VT>
 __device__ __forceinline__ void warp_select(const uint2* buf, uint32_t n, uint32_t* out_k, uint32_t* out_i, int lane) {
     for (uint32_t r = (uint32_t)lane; r < (uint32_t)VT; r += 32) {
@@ -293,18 +310,7 @@ __device__ __forceinline__ void warp_select(const uint2* buf, uint32_t n, uint32
         out_i[r] = ~0u;
     }
     __syncwarp();
-    for (uint32_t e = (uint32_t)lane; e < n; e += 32) {
-        const uint2 c = buf[e];
-        uint32_t rank = 0;
-        for (uint32_t j = 0; j < n; ++j) {
-            const uint2 o = buf[j];
-            rank += better(o.x, o.y, c.x, c.y) ? 1u : 0u;
-        }
-        if (rank < (uint32_t)VT) {
-            out_k[rank] = c.x;
-            out_i[rank] = c.y;
-        }
-    }
+    place_by_rank(buf, n, (uint32_t)lane, 32u, (uint32_t)VT, out_k, out_i);
     __syncwarp();
 }
 
@@ -449,18 +455,7 @@ __device__ __forceinline__ void pruned_merge(const uint32_t* lk, const uint32_t*
     if (count > (uint32_t)PRUNED_CAP) {
         rank_merge<VT>(lk, li, L, ok, oi, tid, nthreads);
     } else {
-        for (uint32_t c = (uint32_t)tid; c < count; c += (uint32_t)nthreads) {
-            const uint2 me = cand[c];
-            uint32_t rank = 0;
-            for (uint32_t j = 0; j < count; ++j) {
-                const uint2 o = cand[j];
-                rank += better(o.x, o.y, me.x, me.y) ? 1u : 0u;
-            }
-            if (rank < (uint32_t)V) {
-                ok[rank] = me.x;
-                oi[rank] = me.y;
-            }
-        }
+        place_by_rank(cand, count, (uint32_t)tid, (uint32_t)nthreads, (uint32_t)V, ok, oi);
         for (int r = (int)min(count, (uint32_t)V) + tid; r < VT; r += nthreads) {
             ok[r] = 0u;
             oi[r] = ~0u;

@@ -267,24 +267,30 @@ __device__ __forceinline__ void load_rows(uint32_t s_tile, const uint16_t* src_r
     }
 }
 
-// Key tile k of a request: prefix tiles first (k < n_pref; `page` = block_table entry of the tile, read
-// ahead by the caller), then tree tiles. Rows past the prefix / past N are zero-filled (never NaN).
+// Row `row` of key tile k of a request: prefix tiles first (k < n_pref; `page` = block_table entry of the tile,
+// read ahead by the caller), then tree tiles. valid = false past the prefix / past N (the row is zero-filled,
+// never NaN; the returned pointer is then any in-bounds row).
+__device__ __forceinline__ const uint16_t* kv_row_source(int k, int row, int page, int n_pref, int plen, int N, int g,
+                                                         const uint16_t* __restrict__ kv_cache,
+                                                         const uint16_t* __restrict__ kv_tree, bool& valid) {
+    if (k < n_pref) {
+        const int tok0 = k * KV_T;
+        valid = tok0 + row < plen;
+        return valid ? kv_cache + (static_cast<size_t>(page) * PAGE + (tok0 % PAGE) + row) * DQK : kv_cache;
+    }
+    const int j = (k - n_pref) * KV_T + row;
+    valid = j < N;
+    return valid ? kv_tree + (static_cast<size_t>(g) * N + j) * DQK : kv_cache;
+}
+
+// Key tile k of a request, loaded by the whole CTA.
 __device__ __forceinline__ void load_kv_tile(uint32_t s_tile, int k, int page, int n_pref, int plen, int N, int g,
                                              const uint16_t* __restrict__ kv_cache,
                                              const uint16_t* __restrict__ kv_tree) {
     constexpr int TPR = THREADS / KV_T;
     const int row = static_cast<int>(thread_x()) / TPR;
-    const uint16_t* src = kv_cache;
     bool valid;
-    if (k < n_pref) {
-        const int tok0 = k * KV_T;
-        valid = tok0 + row < plen;
-        if (valid) src = kv_cache + (static_cast<size_t>(page) * PAGE + (tok0 % PAGE) + row) * DQK;
-    } else {
-        const int j = (k - n_pref) * KV_T + row;
-        valid = j < N;
-        if (valid) src = kv_tree + (static_cast<size_t>(g) * N + j) * DQK;
-    }
+    const uint16_t* src = kv_row_source(k, row, page, n_pref, plen, N, g, kv_cache, kv_tree, valid);
     load_rows<KV_T>(s_tile, src, valid);
 }
 
@@ -302,18 +308,8 @@ __device__ __forceinline__ void load_kv_tile_wg1(uint32_t s_tile, int k, int pag
     const uint32_t dst = s_tile + static_cast<uint32_t>(row0 * TROW + ((lc ^ (row0 & 7)) << 4));
 #pragma unroll
     for (int p = 0; p < KV_T / 16; ++p) {
-        const int row = row0 + 16 * p;
-        const uint16_t* src = kv_cache;
         bool valid;
-        if (k < n_pref) {
-            const int tok0 = k * KV_T;
-            valid = tok0 + row < plen;
-            if (valid) src = kv_cache + (static_cast<size_t>(page) * PAGE + (tok0 % PAGE) + row) * DQK;
-        } else {
-            const int j = (k - n_pref) * KV_T + row;
-            valid = j < N;
-            if (valid) src = kv_tree + (static_cast<size_t>(g) * N + j) * DQK;
-        }
+        const uint16_t* src = kv_row_source(k, row0 + 16 * p, page, n_pref, plen, N, g, kv_cache, kv_tree, valid);
         const char* s8 = reinterpret_cast<const char*>(src) + lc * 16;
         const uint32_t nbytes = valid ? 16u : 0u;
 #pragma unroll

@@ -96,14 +96,19 @@ def plan(rows: int, vocab: int, V: int, sm_count: int) -> tuple[int | None, int,
     return vt, S, chunk
 
 
+def uses_cluster(S: int) -> bool:
+    """Whether a plan of S splits per row runs as one cluster of blocks per row instead (few rows)."""
+    return S >= CLUSTER_MIN_SPLITS
+
+
 def cluster_size(S: int, compiled: int) -> int:
     """Blocks per row of the cluster path for a plan of S splits, with `compiled` the cubin's cluster size
     (0: the plan's split stands)."""
-    return compiled if S >= CLUSTER_MIN_SPLITS else 0
+    return compiled if uses_cluster(S) else 0
 
 
 def _ws_bytes(rows: int, S: int, vt: int | None) -> int:
-    if vt is None or S <= 1 or S >= CLUSTER_MIN_SPLITS:   # the cluster path needs no workspace
+    if vt is None or S <= 1 or uses_cluster(S):   # the cluster path needs no workspace
         return 0
     return _align256(rows * 4) + _align256(rows * S * 8) + rows * S * vt * 8
 
