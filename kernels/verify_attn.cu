@@ -63,20 +63,37 @@
 //   both warpgroups; S was smem-bandwidth-bound), the softmax (a quad owns a whole row: no cross-warp max,
 //   no B1) and its half of P V; warpgroup 1 issues all key-tile cp.async and the other half of P V. P_k is
 //   written into the rope column block (block 8, 64 x 128 B) of tile k's own buffer, which S_k was the last
-//   to read, so P needs no buffer of its own and P_{k+1} never waits for the P V readers of P_k. Named
-//   barriers (producer bar.arrive, consumer bar.sync, 256 threads):
-//     PREADY  WG0 -> WG1: P_k and alpha_k are in smem (WG0 fenced its P stores to the async proxy);
-//     FULL    WG1 -> WG0: tile k+1 landed (WG1 waited its cp.async and fenced), arrived while WG1's P V runs;
-//     EMPTY+b WG0 -> WG1: WG0's P V of tile k retired, so WG1 refills buffer b = k & 1 with tile k+2;
-//     WG0 (128, WG0 only): all four warps past the S wait before P overwrites the rope block.
-//   WG0 per tile: [FULL] S_k, wait, [WG0], softmax, P_k + alpha_k, [arrive PREADY], O *= alpha, P V_k, wait,
+//   to read, so P needs no buffer of its own and P_{k+1} never waits for the P V readers of P_k.
+//   Handoffs between the warpgroups: shared-memory mbarriers (OFF_BAR, 5 x 8 B); every producing thread
+//   arrives (mbarrier.arrive.release.cta; count = their number), every thread of the consumer waits
+//   (mbarrier.try_wait.parity.acquire.cta in a loop); it = k - kb is the tile's index in the split:
+//     PREADY    count 128, WG0 -> WG1: P_k and alpha_k are in smem (WG0 fenced its P stores to the async proxy
+//               first). One phase per tile: WG1 waits parity it & 1.
+//     FULL      count 128, WG1 -> WG0: tile k+1 landed (WG1 waited its cp.async and fenced), arrived while
+//               WG1's P V runs; also releases WG1's read of alpha_k. Arrived iff k + 1 < ke, so phase j
+//               completes in WG1's iteration j: WG0 waits parity (it - 1) & 1 before S_k, it > 0.
+//     EMPTY[b]  count 256, WG0 + WG1 -> WG1: every warp's P V of tile k retired (and WG0's P_k stores are
+//               done), so WG1 refills buffer b = it & 1 with tile k+2 (WG1 arrives, then waits: its own four
+//               warps' P V reads are ordered too). Arrived iff k + 2 < ke; used every other tile: WG1 waits
+//               parity (it >> 1) & 1.
+//     SDONE     count 128, WG0 -> WG0: all four warps past their S wait before any P store overwrites the
+//               rope block (every warp's share of the S wgmma reads all 64 key rows). Every WG0 thread arrives
+//               and then waits parity it & 1 (no thread arrives for tile it + 1 before the phase of it
+//               completed, so it never runs two phases ahead). An mbarrier like the other handoffs: with a
+//               WG0-only bar.sync here racecheck still reported invl_s across the epilogue __syncthreads;
+//               with every handoff on mbarriers it reports nothing (H200, 2026-11-30).
+//   WG0 per tile: [FULL] S_k, wait, [SDONE], softmax, P_k + alpha_k, [arrive PREADY], O *= alpha, P V_k, wait,
 //   [arrive EMPTY]. WG1: [PREADY], O *= alpha_k (from smem), issue P V_k, wait tile k+1 + [arrive FULL], wait
 //   P V_k, [EMPTY], load tile k+2. So WG0's S_{k+1} overlaps WG1's P V_k, the loads leave WG0's path and the
 //   only full-CTA barriers are the prologue and the epilogue. The tensor pipe still idles during WG0's softmax
-//   (a third key buffer for S_{k+1} before softmax_k does not fit). Barrier phases cannot run ahead: every
-//   producer arrival k+1 (k+2 for EMPTY) is ordered after the consumer's wait k by the other barriers.
-//   Running max, row sums and lse live in WG0 only; alpha reaches WG1 through smem (read before WG1's FULL
-//   arrival, after which WG0 may write the next one).
+//   (a third key buffer for S_{k+1} before softmax_k does not fit). No mbarrier runs two phases ahead of its
+//   waiter (a parity wait could not tell them apart): PREADY / FULL arrival it+1 is ordered after the
+//   consumer's wait it by FULL / PREADY, and EMPTY[b] arrival it+2 after WG1's wait it by FULL (tile k+2 is
+//   loaded after that wait); this is also why EMPTY needs one mbarrier per buffer (WG0 can retire P V of
+//   tiles k and k+1 before WG1 waits for k). Running max, row sums and lse live in WG0 only; alpha reaches
+//   WG1 through smem (read before WG1's FULL arrival, after which WG0 may write the next one).
+//   (mbarriers instead of bar.arrive / bar.sync pairs: same overlap, and compute-sanitizer racecheck models
+//   their release / acquire; it reported every bar.arrive-ordered handoff, e.g. alpha_s, as a hazard.)
 //   Epilogue: l = sum of the partials, out = O / l, lse = (m + log2 l) * ln 2; rows past n_nodes (and rows
 //   with no admissible key) get out 0 and lse -inf.
 //   Split (flash-decoding, num_splits > 1, grid z): split s of a request takes key tiles
@@ -90,11 +107,11 @@
 //                            kdt_verify_attn_smem_bytes: 230912 B on sm_90 / sm_100 (Q 72 KB + 2 x 72 KB key
 //                            tiles of 64 tokens + P 8 KB + 1.5 KB row stats); 95744 B on sm_120 (Q 72 KB + one
 //                            18 KB tile of 16 tokens + P 2 KB + stats, under the 99 KB limit). 1 CTA per SM.
-//                            sm_90a uses the same smem size (WG_PIPE leaves the 8 KB P buffer and the
-//                            row-stat arrays other than alpha / 1/l unused: P lives in the key tile's rope
-//                            block); 254 registers with WG_PIPE (128 O + 32 S accumulators in WG0, ptxas
-//                            uses the rest of the 255 it may: 1 CTA of 256 threads per SM), 193 with the
-//                            fallback; no spill.
+//                            sm_90a: 230952 B, the same plus the 5 WG_PIPE mbarriers (40 B); WG_PIPE leaves
+//                            the 8 KB P buffer and the row-stat arrays other than alpha / 1/l unused (P lives
+//                            in the key tile's rope block); 254 registers with WG_PIPE (128 O + 32 S
+//                            accumulators in WG0, ptxas uses the rest of the 255 it may: 1 CTA of 256 threads
+//                            per SM), 193 with the fallback; no spill.
 //   kdt_verify_attn_combine: grid (ceil(N*H/2), G), block 256 (4 warps per row), no smem; only when
 //                            num_splits > 1. num_splits comes from shapes only (graph capturable).
 //
@@ -171,15 +188,25 @@ constexpr bool WG_PIPE = WG_S;
 constexpr int WG_THREADS = 128;               // one warpgroup
 constexpr int PIPE_NT = KV_T / 8;             // WG_PIPE: n8 tiles of the m64n64 S fragment (all keys of a tile)
 constexpr int P_BLK = DQK / 64 - 1;           // WG_PIPE: P_k lives in column block 8 (rope, 64 x 128 B) of tile k
-// Named barriers of WG_PIPE (0 is __syncthreads). Producer side bar.arrive, consumer side bar.sync, THREADS.
-constexpr int BAR_PREADY = 1;                 // WG0 -> WG1: P_k and alpha_k are in smem
-constexpr int BAR_FULL = 2;                   // WG1 -> WG0: tile k+1 has landed (cp.async by WG1)
-constexpr int BAR_EMPTY = 3;                  // + (tile parity): WG0 -> WG1: WG0's P V of tile k has retired
-constexpr int BAR_WG0 = 5;                    // WG0 only (128): every S wgmma read of tile k is done
-static_assert(BAR_PREADY > 0 && BAR_FULL > BAR_PREADY && BAR_EMPTY > BAR_FULL && BAR_WG0 > BAR_EMPTY + 1 &&
-                  BAR_WG0 < 16, "WG_PIPE: distinct hardware barrier ids (1..15)");
+// WG_PIPE handoffs between the warpgroups: shared-memory mbarriers (index into the OFF_BAR array of 8-byte
+// words). Every producing thread arrives (release), every thread of the consuming warpgroup waits on the
+// phase parity (acquire); see the header comment for the parities.
+constexpr int MB_PREADY = 0;                  // WG0 -> WG1: P_k and alpha_k are in smem (one phase per tile)
+constexpr int MB_FULL = 1;                    // WG1 -> WG0: tile k+1 has landed (cp.async by WG1)
+constexpr int MB_EMPTY = 2;                   // + buffer k & 1: both warpgroups' P V of tile k has retired
+constexpr int MB_SDONE = MB_EMPTY + STAGES;   // WG0 -> WG0: every warp's S wgmma of tile k has retired
+constexpr int PIPE_MBARS = MB_SDONE + 1;      // PREADY, FULL, EMPTY[0], EMPTY[1], SDONE
+constexpr int MB_HANDOFF_ARRIVALS = WG_THREADS;  // PREADY, SDONE (WG0 arrives), FULL (WG1 arrives)
+// EMPTY: every thread of both warpgroups arrives after its P V wait, WG1 then waits: WG1's own four warps
+// must all be past their P V reads of the buffer as well (each warp's slice of the m64n256 wgmma reads all
+// of V) before any WG1 thread overwrites it; the bar.sync of the former named barrier gave that implicitly.
+constexpr int MB_EMPTY_ARRIVALS = THREADS;
+static_assert(MB_PREADY >= 0 && MB_FULL > MB_PREADY && MB_EMPTY > MB_FULL && MB_SDONE >= MB_EMPTY + STAGES &&
+                  MB_HANDOFF_ARRIVALS == WG_THREADS &&
+                  MB_EMPTY_ARRIVALS == 2 * WG_THREADS,
+              "WG_PIPE: distinct mbarriers; arrival count = threads that arrive on each (see above)");
 static_assert(!WG_PIPE || (WG_S && WG_PV && THREADS == 2 * WG_THREADS && PIPE_NT == 8 && P_BLK == 8 &&
-                           KV_T == PAGE && (P_BLK + 1) * 64 == DQK),
+                           KV_T == PAGE && (P_BLK + 1) * 64 == DQK && STAGES == 2),
               "WG_PIPE: two warpgroups, 64-key tiles (one page), P in the rope column block");
 
 constexpr int Q_BYTES = ROWS * ROW_BYTES;
@@ -192,7 +219,10 @@ constexpr int OFF_REDMAX = OFF_P + P_BYTES;              // float [ROWS][S_WN]
 constexpr int OFF_REDL = OFF_REDMAX + ROWS * S_WN * 4;  // float [ROWS][S_WN]
 constexpr int OFF_ALPHA = OFF_REDL + ROWS * S_WN * 4;   // float [ROWS]
 constexpr int OFF_INVL = OFF_ALPHA + ROWS * 4;          // float [ROWS]
-constexpr int SMEM_BYTES = OFF_INVL + ROWS * 4;
+constexpr int OFF_BAR = OFF_INVL + ROWS * 4;            // WG_PIPE only: uint64 mbarrier [PIPE_MBARS]
+constexpr int BAR_BYTES = WG_PIPE ? PIPE_MBARS * 8 : 0; // other paths: no mbarrier, smem size unchanged
+constexpr int SMEM_BYTES = OFF_BAR + BAR_BYTES;
+static_assert(OFF_BAR % 8 == 0, "mbarrier objects are 8-byte aligned");
 
 constexpr int COMBINE_THREADS = 256;
 constexpr int COMBINE_WARPS_PER_ROW = 4;                // each warp: DV / 4 value columns, a float4 per lane
@@ -403,6 +433,14 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
         const int rowB = rowA + 8;
         const int grA = r0 + rowA, grB = r0 + rowB;
         const bool split_mode = num_splits > 1;
+        // mbarrier i at sBar + 8 i (MB_*); initialised here, published by the prologue's __syncthreads
+        const uint32_t sBar = sQ + OFF_BAR;
+        const uint32_t mb_pready = sBar + 8 * MB_PREADY, mb_full = sBar + 8 * MB_FULL, mb_sdone = sBar + 8 * MB_SDONE;
+        if (tid == 0) {
+#pragma unroll
+            for (int i = 0; i < PIPE_MBARS; ++i)
+                mbar_init(sBar + 8 * i, (i >= MB_EMPTY && i < MB_SDONE) ? MB_EMPTY_ARRIVALS : MB_HANDOFF_ARRIVALS);
+        }
 
         // ---- prologue: Q + tile kb (all threads), tile kb+1 (WG1, its own cp.async group, left in flight)
         {
@@ -424,7 +462,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
             cp_async_wait_all();
         }
         fence_proxy_async();  // this thread's cp.async writes (Q, tile kb) -> visible to wgmma (async proxy)
-        __syncthreads();      // Q and tile kb in smem for everyone
+        __syncthreads();      // Q and tile kb in smem for everyone; the mbarriers are initialised
 
         float o[O_NT][4];     // m64n256 D fragment: o[j][e] = row rowA (e < 2) / rowB, column 256 wg + 8j + 2cq + (e&1)
 #pragma unroll
@@ -482,7 +520,9 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
             for (int k = kb; k < ke; ++k) {
                 const int it = k - kb;
                 const uint32_t tile = sKV + static_cast<uint32_t>((it & 1) * KV_TILE_BYTES);
-                if (it > 0) named_barrier(BAR_FULL, THREADS);  // tile k landed (WG1 waited + fenced its cp.async)
+                // tile k landed (WG1 waited + fenced its cp.async): FULL phase it-1 (WG1 arrives in each of its
+                // iterations with k + 1 < ke, i.e. 0..n-2 of the split's n tiles: phase j in iteration j)
+                if (it > 0) mbar_wait(mb_full, (it - 1) & 1);
 
                 // tree tile: mask bits of keys j0..j0+63 for rows rowA / rowB (issued before S: latency hidden)
                 const bool tree = k >= n_pref;
@@ -525,7 +565,8 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
                 for (int e = 0; e < 4 * PIPE_NT; ++e) reg_fence(d[e]);
                 // P_k overwrites the rope block of tile k, which every warp's share of the S wgmma reads (all 64
                 // key rows): all four warps must be past their wait first.
-                named_barrier(BAR_WG0, WG_THREADS);
+                mbar_arrive(mb_sdone);
+                mbar_wait(mb_sdone, it & 1);
 
                 // scale, mask, row max: a thread holds 16 keys of each of its two rows, a quad holds the whole
                 // row (no cross-warp exchange)
@@ -577,18 +618,19 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
                 }
                 lA = lA * alA + sumA;
                 lB = lB * alB + sumB;
-                if (cq == 0) {  // WG1 rescales its O columns with the same alpha (read after BAR_PREADY)
+                if (cq == 0) {  // WG1 rescales its O columns with the same alpha (read after PREADY)
                     alpha_s[rowA] = alA;
                     alpha_s[rowB] = alB;
                 }
                 fence_proxy_async();  // this thread's P stores (generic proxy) -> visible to P V wgmma (async)
-                named_barrier_arrive(BAR_PREADY, THREADS);
+                mbar_arrive(mb_pready);  // release: P_k and alpha_k (PREADY phase it)
 
                 rescale(alA, alB);  // this warpgroup's previous P V has retired (pv_wait below)
                 pv_tile(tile);
                 pv_wait();
-                // WG1 refills this buffer with tile k+2 once both warpgroups' P V of tile k retired
-                if (k + 2 < ke) named_barrier_arrive(BAR_EMPTY + (it & 1), THREADS);
+                // WG1 refills this buffer with tile k+2 once both warpgroups' P V of tile k retired (release:
+                // also orders this thread's P_k stores before the cp.async overwrite of the rope block)
+                if (k + 2 < ke) mbar_arrive(sBar + 8 * (MB_EMPTY + (it & 1)));
             }
             // row sums -> 1 / l and lse (WG0 alone holds the running max and every tile's row sums)
             lA += __shfl_xor_sync(0xffffffffu, lA, 1);
@@ -620,8 +662,8 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
             for (int k = kb; k < ke; ++k) {
                 const int it = k - kb;
                 const uint32_t tile = sKV + static_cast<uint32_t>((it & 1) * KV_TILE_BYTES);
-                named_barrier(BAR_PREADY, THREADS);  // P_k, alpha_k in smem (WG0 fenced its P stores)
-                // read alpha before the BAR_FULL arrive below: WG0 writes alpha_{k+1} only after BAR_FULL
+                mbar_wait(mb_pready, it & 1);  // P_k, alpha_k in smem (WG0 fenced its P stores)
+                // read alpha before the FULL arrive below: WG0 writes alpha_{k+1} only after its FULL wait
                 rescale(alpha_s[rowA], alpha_s[rowB]);
                 pv_tile(tile);
                 if (k + 1 < ke) {
@@ -629,11 +671,16 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
                     // this warpgroup's P V runs
                     cp_async_wait_all();
                     fence_proxy_async();
-                    named_barrier_arrive(BAR_FULL, THREADS);
+                    mbar_arrive(mb_full);  // release: tile k+1, and this thread's alpha_k read (FULL phase it)
                 }
                 pv_wait();
                 if (k + 2 < ke) {
-                    named_barrier(BAR_EMPTY + (it & 1), THREADS);  // WG0's P V of tile k retired too
+                    // every P V read of tile k retired (this thread's just now, the other WG1 warps' and WG0's
+                    // when EMPTY[it & 1] completes); it completes once per use of the buffer, i.e. for the
+                    // (it >> 1)-th time at tile it
+                    const uint32_t mb_empty = sBar + 8 * (MB_EMPTY + (it & 1));
+                    mbar_arrive(mb_empty);
+                    mbar_wait(mb_empty, (it >> 1) & 1);
                     load_kv_tile_wg1(tile, k + 2, page2, n_pref, plen, N, g, kv_cache, kv_tree);
                     cp_async_commit();
                     page2 = k + 3 < n_pref ? __ldg(bt_row + ((k + 3) * KV_T) / PAGE) : 0;

@@ -64,11 +64,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 __device__ __forceinline__ void named_barrier(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
-// producer side of a named barrier: counts this warp's arrival (release of its prior memory accesses) without
-// waiting; the barrier completes when `count` threads arrived (arrive) or waited (bar.sync) on it.
-__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
 
 // threadIdx.x through a volatile read: the compiler cannot hoist values derived from it out of a loop
 // (used where recomputing a few lane offsets per tile is cheaper than keeping them in registers).
@@ -102,6 +97,33 @@ __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.s
 // generic-proxy smem writes (cp.async, st.shared) -> visible to the async proxy (wgmma operand reads)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void reg_fence(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+
+// ---- shared-memory mbarriers (producer / consumer handoffs between warpgroups). An mbarrier is an 8-byte
+// object; a phase completes when `count` arrivals were made on it, and its phase bit then flips (the first
+// phase has parity 0). Unlike bar.arrive / bar.sync they carry explicit release / acquire semantics that
+// compute-sanitizer's racecheck models (a bar.arrive producer is reported as racing with its consumer).
+// One thread initialises; a __syncthreads() then publishes the init to the CTA (no cluster: the
+// fence.mbarrier_init.release.cluster of multi-CTA pipelines is not needed).
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// one arrival; release: this thread's earlier memory accesses are performed before a waiter's acquire of
+// the phase this arrival completes
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// block until the phase of parity `parity` has completed (acquire). Correct only if the barrier is at most
+// one phase ahead of the waiter (a phase two ahead has the same parity and would look pending).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\n"
+        "MBAR_WAIT:\n"
+        "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra MBAR_WAIT;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
 
 // D (64 x 32 f32) += A (64 x k16, smem desc, K-major) * B (32 x k16, smem desc, K-major)^T.
 // D fragment of thread t of the warpgroup (warp i = t/32, lane = 4*gq + cq): d[4j + e] = row 16i + gq + 8*(e/2),
