@@ -9,14 +9,16 @@
 //       lane, software-pipelined, and a warp-only finalize (see "Small path").
 //     select path (the whole block): when every log-prob of the request is <= 0, the launcher gave it a pool
 //       (B >= the select threshold, Vs = min(V, B + 1) <= 32, the scratch fits), and the pool does not overflow.
-//     serial path (warp 0): the best-first loop, for everything else (positive log-probs, wide V, and B <= 95
+//     serial path (warp 0): the best-first loop, for everything else (positive log-probs, wide V, and B <= 63
 //       beyond the small path's 31).
-//   Entry points kdt_tree_build_p{NPL} and kdt_tree_build_p{NPL}_g, NPL in {1, 2, 4, 8, 16, 32}: NPL is the
-//   number of slots each lane of warp 0 owns, the smallest power of two >= ceil(N / 32) (N = B + 1). The plain
-//   variant has every log-prob and id the build can read (ranks < min(V, B + 1)) staged in shared memory; the _g
-//   variant (only when K * V is too big for the budget, e.g. K = 64, V = 1024, B = 1023) reads ranks >= Vs from
-//   global memory and always takes the serial path. Arguments cap, cap3: the select pool's capacities (0: serial
-//   path only); cap > cap3 is the one-pass layout, cap == cap3 the two-pass one (see select_build).
+//   Entry points kdt_tree_build_p{NPL}, kdt_tree_build_p{NPL}_select and kdt_tree_build_p{NPL}_g, NPL in
+//   {1, 2, 4, 8, 16, 32}: NPL is the number of slots each lane of warp 0 owns, the smallest power of two >=
+//   ceil(N / 32) (N = B + 1). The plain and _select variants have every log-prob and id the build can read
+//   (ranks < min(V, B + 1)) staged in shared memory; only _select contains the select path (the launcher uses it
+//   when it offers a pool, cap > 0); the _g variant (only when K * V is too big for the budget, e.g. K = 64,
+//   V = 1024, B = 1023) reads ranks >= Vs from global memory and always takes the serial path. Arguments cap,
+//   cap3: the select pool's capacities (0: serial path only); cap > cap3 is the one-pass layout, cap == cap3 the
+//   two-pass one (see select_build).
 //   Dynamic shared memory, computed the same way by the launcher (kdt/launch/tree_build.py) from the exported
 //   constants:
 //     smem_slot_bytes * P + smem_header_bytes + max(x_build, 4 * 8 warps * 32 * W),   P = 32 * NPL,
@@ -88,6 +90,13 @@
 //            least the threshold bin bstar is counted in a histogram; then bstar rises to the highest bin with at
 //            least B counted paths in it or above. Counted paths are real paths, so the B-th best path has a bin
 //            >= bstar, and a path below bstar, with its descendants and later siblings, is not among the B best.
+//            The work follows the nodes that can still have a counted child: each warp lists those of its share of
+//            the level (a node has one iff its rank-0 child counts: the others score no higher), then passes over
+//            its own list with 1..kSelectItems1 nodes per lane, as many as the list needs, so dead nodes and small
+//            levels cost (nearly) nothing; every warp then moves bstar itself from the same histogram, with two
+//            barriers per level. Listing and the split among warps only decide where in the pool a counted child
+//            lands, not what is counted; phase 3 reads the pool's contents, not its order (beyond each node's
+//            children being adjacent in rank order), and the order already depended on the warps' atomics.
 //            One-pass layout: the counted paths are appended to the pool (score key, parent entry, rank, depth),
 //            a node's children contiguous and in rank order. Two-pass layout (when the pool would not fit next
 //            to 1024 slots): phase 1 keeps only each level's scores, and phase 2 walks the levels again to
@@ -145,11 +154,13 @@ constexpr int kSmemBudget = 98304;   // 96 KiB: under sm_120's 99 KiB opt-in lim
 // ones bin 0. Bins are non-decreasing in the score, which is all the pruning needs.
 constexpr int kBins = 2048;
 constexpr uint32_t kBinLow = 123u << 7;     // bits 30..16 of 2^-4
-constexpr int kSelectMinBudget = 96;        // default: serial faster at B = 64, select at B = 128 (perf-notes)
-constexpr int kSelectItems1 = 8;           // nodes a thread looks at per pass of a level, phase 1
-constexpr int kSelectItems = 4;            // and phase 2 (one (item, warp) count per lane)
-constexpr int kSelectRows = 4;             // rows of 32 bins warp 0 sums at once when it moves the threshold
-constexpr int kSelectInts = 2 * kBins + 2 * kWarps * kSelectItems + 8;   // hist, offs, pass counts, scalars
+constexpr int kSelectMinBudget = 64;        // default: serial faster at B = 32, select at B = 64 (perf-notes)
+constexpr int kSelectItems1 = 8;           // phase 1: at most this many nodes per lane in one pass of a warp
+constexpr int kSelectItems = 4;            // phase 2: nodes per thread per pass (one (item, warp) count per lane)
+constexpr int kSelectListChunks = 4;       // phase 1: 32-node chunks a warp tests per step when it lists a level
+constexpr int kSelectRows = 4;             // rows of 32 bins a warp sums at once when it moves the threshold
+constexpr int kSelectVars = 8;             // scalars of the select scratch (the last one: the root's key)
+constexpr int kSelectInts = 2 * kBins + 2 * kWarps * kSelectItems + kSelectVars;   // hist, offs, pass counts, scalars
 constexpr int kSelectFixedBytes = 4 * kSelectInts;
 constexpr int kSelectBytesPerCap = 12;      // per pool entry: key, link, slot
 constexpr int kSelectBytesPerRanked = 8;    // per ranked entry: sorted index and key (two passes: cap == cap3)
@@ -235,11 +246,38 @@ __device__ __forceinline__ int score_bin(float s) {
     return kBins - 1 - (int)(u - kBinLow);
 }
 
-// hist[b] += 1 when `add`: one predicated shared-memory reduction, so a warp's items need no branch.
-__device__ __forceinline__ void shared_add_if(int* counter, bool add) {
-    const uint32_t address = (uint32_t)__cvta_generic_to_shared(counter);
+// Phase 1 counts a path of score c <= 0 when c > -inf and score_bin(c) >= bstar: iff c > counted_floor(bstar),
+// one float compare. For bstar >= 1, with u = bits 30..16 of c and T = kBinLow + kBins - 1 - bstar (>= kBinLow):
+// score_bin(c) >= bstar iff clamp(u) <= T iff u <= T (a u below kBinLow clamps up to kBinLow <= T; a u above
+// the top bin clamps down to it, which is > T) iff c's magnitude bits are < M = (T + 1) << 16 iff |c| < the
+// float of bits M (finite, and positive floats order as their bits) iff c > -that float; -inf and NaN compare
+// false. For bstar == 0 every bin counts and the floor is -inf, the test of the original c > -inf.
+__device__ __forceinline__ float counted_floor(int bstar) {
+    return bstar == 0 ? -INFINITY : -__uint_as_float((kBinLow + (uint32_t)(kBins - bstar)) << 16);
+}
+
+// score_bin(c) of a counted c (<= 0, finite) without masking the sign: score_bin(c) == kBinOfCode -
+// counted_bin_code(c). The sign bit of a negative c (-0.0 included) sits in bit 15 of bits >> 16, so those are
+// 0x8000 | u, and the clamp to [0x8000 | kBinLow, 0x8000 | (kBinLow + kBins - 1)] is 0x8000 | clamp(u); +0.0 (bits
+// 0) clamps to 0x8000 | kBinLow like u = 0 does. Larger codes are lower bins. (The upper clamp matters only for
+// bstar == 0, which counts every finite score, |c| >= 2^12 included.)
+constexpr uint32_t kSignedBinLow = 0x8000u | kBinLow;
+constexpr int kBinOfCode = kBins - 1 + (int)kSignedBinLow;
+__device__ __forceinline__ uint32_t counted_bin_code(float c) {
+    return min(max(__float_as_uint(c) >> 16, kSignedBinLow), kSignedBinLow + (uint32_t)(kBins - 1));
+}
+
+// *address += 1 when `add` (a shared-memory address): one predicated reduction, so a warp's items need no branch.
+__device__ __forceinline__ void shared_add_if(uint32_t address, bool add) {
     asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %1, 0;\n\t@p red.shared.add.u32 [%0], 1;\n\t}"
                  :: "r"(address), "r"((uint32_t)add) : "memory");
+}
+
+// *p = value when `store` (p in shared memory), as one predicated store: the compiler branches around a plain
+// `if`, which costs a branch and a convergence barrier per item.
+__device__ __forceinline__ void shared_store_if(const void* p, uint32_t value, bool store) {
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %2, 0;\n\t@p st.shared.u32 [%0], %1;\n\t}"
+                 :: "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(value), "r"((uint32_t)store) : "memory");
 }
 
 // Exclusive prefix sum over the block in thread order; `total` gets the block's sum. Uses wsum[kWarps] and two
@@ -281,54 +319,198 @@ __device__ __forceinline__ bool select_before(const uint32_t* key, const uint32_
     }
 }
 
+// Select scratch scalars (var[]). The pool's keys start right after them, so key[-1] is var[kVarRootKey].
+enum SelectVar : int {
+    kVarNext = 0,                       // phase 1: counter of the paths counted so far (keep: the pool's size)
+    kVarOverflow = 1,                   // phase 1: a capacity was exceeded
+    kVarLowBin = 2,                     // phase 1: the lowest bin any counted path has
+    kVarRootKey = kSelectVars - 1,      // keep: score_key(0.0f), the root's key read as key[-1]
+};
+
+// What one warp's phase-1 passes over a level need (see select_build). Each lane handles one rank of `stride`
+// nodes per item: list positions base + k * stride + lane_node, k < items.
+struct SelectLevel {
+    const int* list;        // keep: each listed node's pool entry + 1 (0: the root, its key at key[-1])
+    const float* scores;    // !keep: each listed node's score
+    uint32_t* key;          // keep: the pool's keys (the listed nodes' are read, the children's written)
+    uint32_t* link;         // keep: the pool's links (the children's are written)
+    float* child_scores;    // !keep: the next level's scores, at counter position - child_lo
+    int* hist;
+    int* var;
+    int end;                // this warp's list ends before this position
+    int stride;             // nodes per item of a warp: 32 / group
+    int lane_node;          // this lane's node in an item: lane / group
+    float lp;               // top_logp[g, d, rank] (-inf for rank >= V)
+    float count_floor;      // counted_floor(bstar): a child counts iff its score is above
+    uint32_t link_low;      // rank << 6 | d: a child's link without its parent
+    int child_lo;           // var[kVarNext] before this level's passes
+    int child_cap;          // the counter may reach this (keep: cap; !keep: child_lo + 2 * cap)
+    uint32_t lanes_below;   // lanes below this lane
+};
+
+// lop3 truth table of a ^ (~b | c), from the operand tables a = 0xf0, b = 0xcc, c = 0xaa.
+constexpr uint32_t kLop3KeyToBits = (0xf0u ^ (~0xccu | 0xaau)) & 0xffu;
+
+// key_score(k) of a pool key in two instructions (kdt::ordered_float selects between two masks): a key with the
+// top bit set is a score >= +0.0 (bits = k ^ 0x80000000), any other a negative score (bits = ~k); the mask is
+// ~(k >> 31, arithmetic) | 0x80000000 in both cases. Same bits as key_score for every k.
+__device__ __forceinline__ float pool_score(uint32_t k) {
+    const uint32_t sign = (uint32_t)((int32_t)k >> 31);
+    uint32_t bits;          // k ^ (~sign | 0x80000000), as one LOP3 (the compiler splits it in two)
+    asm("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(bits) : "r"(k), "r"(sign), "n"(0x80000000u), "n"(kLop3KeyToBits));
+    return __uint_as_float(bits);
+}
+
+// One phase-1 pass of a warp over kItems nodes per lane of its list, starting at position `base`. Branch-free
+// inside, so all items' loads are in flight at once: positions past the list's end are clamped into it (the
+// loads stay in the list) and their lanes masked. Every child whose path counts (bin >= bstar) goes into the
+// histogram and, at the warp's place given by one atomic on the counter, into the pool (keep: key, link) or the
+// next level's scores (!keep); a node's children land contiguous and in rank order (lanes of one group). The
+// items go through the steps in separate loops (loads, votes, histogram, stores) so each step's instructions of
+// all items issue back to back.
+template <int kItems, bool kKeep>
+__device__ __forceinline__ void select_count_pass(const SelectLevel& v, int base) {
+    const int lane = (int)threadIdx.x & 31;
+    const int first = base + v.lane_node;      // this lane's position at item 0
+    float s[kItems];
+    uint32_t parent[kItems];                   // keep: the node's pool entry + 1
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+        const int p = min(first + k * v.stride, v.end - 1);
+        if constexpr (kKeep) {
+            parent[k] = (uint32_t)v.list[p];
+            s[k] = pool_score(v.key[(int)parent[k] - 1]);
+        } else {
+            parent[k] = 0u;
+            s[k] = v.scores[p];
+        }
+    }
+    float c[kItems];
+    uint32_t votes[kItems];
+    int count = 0;
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+        c[k] = __fadd_rn(s[k], v.lp);
+        votes[k] = __ballot_sync(kFull, first + k * v.stride < v.end && c[k] > v.count_floor);
+        count += __popc(votes[k]);
+    }
+    // The warp's place on the counter first: its round trip overlaps the histogram's reductions.
+    int at = 0;
+    if (lane == 0 && count != 0) at = atomicAdd(&v.var[kVarNext], count);
+    // hist[score_bin(c)] += 1 for each counted child; address = hist_top - 4 * counted_bin_code(c).
+    const uint32_t hist_top = (uint32_t)__cvta_generic_to_shared(v.hist) + 4u * (uint32_t)kBinOfCode;
+    uint32_t low_code = 0u;     // the largest bin code (the lowest bin) of this lane's counted children; 0: none
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+        const bool ok = (votes[k] >> lane) & 1u;
+        const uint32_t code = counted_bin_code(c[k]);      // meaningful only when ok
+        shared_add_if(hist_top - 4u * code, ok);
+        low_code = (ok && code > low_code) ? code : low_code;
+    }
+    low_code = __reduce_max_sync(kFull, low_code);
+    if (lane == 0 && count != 0) atomicMin(&v.var[kVarLowBin], kBinOfCode - (int)low_code);
+    at = __shfl_sync(kFull, at, 0);
+    // The warp's children take counter positions [at, at + count). Past the capacity the attempt is abandoned at
+    // the end of the level (a fallback follows), so the warp stores nothing.
+    if (at + count > v.child_cap) {
+        if (lane == 0) v.var[kVarOverflow] = 1;
+        return;
+    }
+    int e = kKeep ? at : at - v.child_lo;      // keep: pool index; !keep: index in the next level's scores
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+        const int mine = e + __popc(votes[k] & v.lanes_below);
+        const bool ok = (votes[k] >> lane) & 1u;
+        if constexpr (kKeep) {
+            // == score_key(c[k]): a counted score is finite
+            shared_store_if(&v.key[mine], kdt::ordered_key(c[k]), ok);
+            shared_store_if(&v.link[mine], (parent[k] << 16) + v.link_low, ok);
+        } else {
+            shared_store_if(&v.child_scores[mine], __float_as_uint(c[k]), ok);
+        }
+        e += __popc(votes[k]);
+    }
+}
+
+// Lists this warp's share [lo, hi) of a level's nodes (keep: pool entries node_lo + j, j the level position;
+// !keep: scores cur[j]) that have a counted child, at list positions lo, lo + 1, ...; returns how many. A node
+// has one iff its rank-0 child counts: ranks are non-increasing and rounding is monotone, so a rank-r child
+// scores no higher than the rank-0 one, and both the bin and -inf tests are monotone (same computation as the
+// pass). The dropped nodes would count nothing, so the passes over the list count exactly what passes over the
+// whole level would. keep: list[q] = entry + 1. !keep: in place in cur (a node moves to a position <= its own,
+// and a step reads all its positions before any lane writes).
+template <bool kKeep>
+__device__ __forceinline__ int select_list_level(const uint32_t* key, int node_lo, float* cur, int* list, int lo,
+                                                 int hi, float lp_rank0, float count_floor, uint32_t lanes_below) {
+    const int lane = (int)threadIdx.x & 31;
+    int listed = 0;
+    for (int j0 = lo; j0 < hi; j0 += 32 * kSelectListChunks) {
+        float s[kSelectListChunks];
+#pragma unroll
+        for (int u = 0; u < kSelectListChunks; ++u) {
+            const int j = min(j0 + 32 * u + lane, hi - 1);
+            s[u] = kKeep ? pool_score(key[node_lo + j]) : cur[j];
+        }
+        __syncwarp();       // !keep: every lane has read this step's positions before any lane writes
+#pragma unroll
+        for (int u = 0; u < kSelectListChunks; ++u) {
+            const int j = j0 + 32 * u + lane;
+            const bool useful = j < hi && __fadd_rn(s[u], lp_rank0) > count_floor;
+            const uint32_t ballot = __ballot_sync(kFull, useful);
+            if (useful) {
+                const int q = lo + listed + __popc(ballot & lanes_below);
+                if constexpr (kKeep) list[q] = node_lo + j + 1;
+                else cur[q] = s[u];
+            }
+            listed += __popc(ballot);
+        }
+    }
+    __syncwarp();           // the list is visible to every lane of the warp
+    return listed;
+}
+
 // The select path; all threads call it (see "Select path" above). V (the staged ranks) is at most 32: a node's
-// candidate children are the lanes of one group of `group` lanes (the power of two >= V), node-major, so a pass
-// of the block looks at kSelectItems * kThreads / group nodes and a node's children come out contiguous and in
-// rank order. Two layouts of the scratch:
-//   keep (one pass over the levels): phase 1 appends every path it counts to the pool (key, link), up to `cap`
+// candidate children are the lanes of one group of `group` lanes (the power of two >= V), so a node's children
+// come out contiguous and in rank order. Two layouts of the scratch:
+//   kKeep (one pass over the levels): phase 1 appends every path it counts to the pool (key, link), up to `cap`
 //     entries, and phase 3 ranks those with bin >= bstar (at most `cap3`);
-//   !keep (two passes): phase 1 only counts, with two level buffers of 2 * cap scores; phase 2 materialises the
+//   !kKeep (two passes): phase 1 only counts, with two level buffers of 2 * cap scores; phase 2 materialises the
 //     paths with bin >= bstar (at most cap; cap3 == cap).
 // Returns false, having written nothing the serial loop reads, when a capacity is exceeded.
-__device__ __forceinline__ bool select_build(const float* __restrict__ lp_s, int K, int V, int B, bool keep, int cap,
-                                          int cap3, int* __restrict__ scratch, int* __restrict__ rec_s,
-                                          float* __restrict__ logw_s, int* __restrict__ fc_s, int* __restrict__ ns_s,
-                                          int* __restrict__ misc) {
+// Not inlined: one copy per layout, called once per block (inlined, the select path measured ~1 us slower at
+// B = 128..1023 on the H200).
+template <bool kKeep>
+__device__ __noinline__ bool select_build(const float* __restrict__ lp_s, int K, int V, int B, int cap, int cap3,
+                                             int* __restrict__ scratch, int* __restrict__ rec_s,
+                                             float* __restrict__ logw_s, int* __restrict__ fc_s,
+                                             int* __restrict__ ns_s, int* __restrict__ misc) {
     int* const hist = scratch;                          // [kBins] paths per bin (phase 1), then a cursor
     int* const offs = hist + kBins;                     // [kBins] ranked entries in higher bins
     int* const wsum = offs + kBins;                     // [2][32] per-(item, warp) counts, double-buffered
-    int* const var = wsum + 2 * kWarps * kSelectItems;  // [8] scalars, below
-    uint32_t* const key = reinterpret_cast<uint32_t*>(var + 8);   // the pool: score keys
+    int* const var = wsum + 2 * kWarps * kSelectItems;  // [kSelectVars] scalars (SelectVar)
+    uint32_t* const key = reinterpret_cast<uint32_t*>(var + kSelectVars);   // the pool: score keys
     uint32_t* const link = key + cap;                   //           (parent + 1) << 16 | rank << 6 | depth - 1
-    int* const slot_of = reinterpret_cast<int*>(link + cap);      //   slot, or -1
+    int* const slot_of = reinterpret_cast<int*>(link + cap);      //   slot, or -1; keep, phase 1: the level lists
     int* const sorted = slot_of + cap;                  // phase 3: ranked entries grouped by bin
     uint32_t* const sorted_key = reinterpret_cast<uint32_t*>(sorted + cap3);   // and their keys
-    float* const lvl0 = reinterpret_cast<float*>(var + 8);   // !keep, phase 1: two level buffers of 2 * cap
+    float* const lvl0 = reinterpret_cast<float*>(var + kSelectVars);   // !keep, phase 1: two level buffers of 2 * cap
     float* const lvl1 = lvl0 + 2 * cap;
-    enum { kNext = 0, kBstar = 1, kAbove = 2, kOverflow = 3, kLevel = 4, kLowBin = 5 };
 
     const int tid = (int)threadIdx.x;
     const int lane = tid & 31;
-    const int warp = tid >> 5;
     const uint32_t lanes_below = (1u << lane) - 1u;
     __syncthreads();    // a failed attempt's last reads of var come before this attempt's resets
     int group = 1;
     while (group < V) group *= 2;
     const int rank = tid & (group - 1);                 // this thread's candidate rank
-    const int node_in_pass = tid / group;
-    const int nodes_per_item = kThreads / group;
-    const int nodes_per_pass1 = kSelectItems1 * nodes_per_item;   // phase 1
-    const int nodes_per_pass = kSelectItems * nodes_per_item;     // phase 2
-    const int level_cap = keep ? cap : 2 * cap;
 
     for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
     if (tid == 0) {
-        var[kNext] = 0;
-        var[kBstar] = 0;
-        var[kAbove] = 0;
-        var[kOverflow] = 0;
-        var[kLowBin] = kBins;
-        if (!keep) lvl0[0] = 0.0f;     // level 0: the root
+        var[kVarNext] = 0;
+        var[kVarOverflow] = 0;
+        var[kVarLowBin] = kBins;
+        reinterpret_cast<uint32_t*>(var)[kVarRootKey] = score_key(0.0f);     // key[-1]
+        if (!kKeep) lvl0[0] = 0.0f;     // level 0: the root
     }
     __syncthreads();
 
@@ -336,78 +518,74 @@ __device__ __forceinline__ bool select_build(const float* __restrict__ lp_s, int
     // with at least B counted paths in it or above (0 while fewer than B exist). Every counted path is a real
     // path, so the B-th best score has a bin >= bstar, and a path below bstar (with all its descendants and
     // later siblings, which score no higher) is not among the B best. bstar only rises. `above` is the number
-    // of counted paths with bin >= bstar. The level's nodes: keep, pool entries [lo, hi) (-1: the root);
-    // !keep, cur[0, hi - lo).
-    int lo = -1, hi = 0;
-    for (int d = 0; d < K && hi > lo; ++d) {
-        const float* const cur = (d & 1) ? lvl1 : lvl0;
-        float* const nxt = (d & 1) ? lvl0 : lvl1;
-        const int bstar = var[kBstar];
-        const int first = keep ? hi : 0;        // where this level's entries start
-        const float lp = (rank < V) ? lp_s[d * V + rank] : -INFINITY;
-        for (int base = lo; base < hi; base += nodes_per_pass1) {
-            float x[kSelectItems1];
-            uint32_t votes[kSelectItems1];
-            int low = kBins, count = 0;
-            // Branch-free so the items' loads overlap: indices are clamped into this level's nodes (never into
-            // the entries being appended) and the results masked; the root level reads nothing.
-            uint32_t raw[kSelectItems1];
-#pragma unroll
-            for (int k = 0; k < kSelectItems1; ++k) {
-                const int i = min(max(base + k * nodes_per_item + node_in_pass, lo), hi - 1);
-                raw[k] = (i < 0) ? 0u : (keep ? key[i] : __float_as_uint(cur[i - lo]));
-            }
-#pragma unroll
-            for (int k = 0; k < kSelectItems1; ++k) {
-                const int i = base + k * nodes_per_item + node_in_pass;
-                const float s = (i < 0) ? 0.0f : (keep ? key_score(raw[k]) : __uint_as_float(raw[k]));
-                const float c = __fadd_rn(s, lp);
-                const bool ok = i < hi && score_bin(s) >= bstar && c > -INFINITY && score_bin(c) >= bstar;
-                x[k] = ok ? c : -INFINITY;
-                votes[k] = __ballot_sync(kFull, ok);
-                count += __popc(votes[k]);
-            }
-            // Predicated, not branched: a branch per item serialises the items.
-#pragma unroll
-            for (int k = 0; k < kSelectItems1; ++k) {
-                const int b = score_bin(x[k]);
-                shared_add_if(&hist[b], x[k] > -INFINITY);
-                low = (x[k] > -INFINITY) ? min(low, b) : low;
-            }
-            low = __reduce_min_sync(kFull, low);
-            int at = 0;
-            if (lane == 0 && count != 0) {
-                at = atomicAdd(&var[kNext], count);
-                atomicMin(&var[kLowBin], low);
-            }
-            at = __shfl_sync(kFull, at, 0);
-            bool overflow = false;
-#pragma unroll
-            for (int k = 0; k < kSelectItems1; ++k) {
-                const int e = at + __popc(votes[k] & lanes_below);
-                const bool mine = (votes[k] >> lane) & 1u;
-                overflow |= mine && e >= level_cap;
-                const bool store = mine && e < level_cap;
-                const int i = base + k * nodes_per_item + node_in_pass;
-                if (keep) {
-                    if (store) key[e] = score_key(x[k]);
-                    if (store) link[e] = ((uint32_t)(i + 1) << 16) | ((uint32_t)rank << 6) | (uint32_t)d;
-                } else {
-                    if (store) nxt[e] = x[k];
+    // of counted paths with bin >= bstar. Level d's n nodes: keep, pool entries [node_lo, node_lo + n) (-1: the
+    // root); !keep, cur[0, n). Warp w takes the w-th share of them, lists those with a counted child
+    // (select_list_level) and runs its own passes over that list with as many items per lane as it needs
+    // (1..kSelectItems1, warp-uniform), so a small level or a level of mostly dead nodes costs few items. Then
+    // every warp moves the threshold itself (the same walk over the same data gives the same result in every
+    // thread): bstar and above live in registers, and the only shared scalars are the counters the passes
+    // update. Two barriers per level: the passes' counts are complete before the walk reads them, and every walk
+    // is done before the next level's passes change them.
+    int bstar = 0;          // the threshold bin (phase 1: running; then final)
+    int ranked = 0;         // paths with bin >= bstar: the entries phase 3 ranks
+    int pool = 0;           // the pool entries phase 3 scans
+    {
+        const int group_shift = 31 - __clz(group);         // log2(group)
+        const int stride_shift = 5 - group_shift;           // log2(nodes per item of a warp)
+        int* const list = slot_of;                          // keep: the warps' lists, inside [0, n) (n <= cap)
+        SelectLevel level;                                  // the fields every level shares
+        level.list = list;
+        level.key = key;
+        level.link = link;
+        level.hist = hist;
+        level.var = var;
+        level.stride = 1 << stride_shift;
+        level.lane_node = lane >> group_shift;
+        level.lanes_below = lanes_below;
+        int above = 0;
+        int node_lo = -1, n = 1;
+        int child_lo = 0;                                   // var[kVarNext] when level d's passes start
+        for (int d = 0; d < K && n > 0; ++d) {
+            float* const cur = (d & 1) ? lvl1 : lvl0;
+            float* const nxt = (d & 1) ? lvl0 : lvl1;
+            const float count_floor = counted_floor(bstar);
+            const int share = (n + kWarps - 1) / kWarps;
+            const int lo = min((tid >> 5) * share, n);
+            const int hi = min(lo + share, n);
+            const int listed = select_list_level<kKeep>(key, node_lo, cur, list, lo, hi, lp_s[d * V], count_floor,
+                                                        lanes_below);
+            level.scores = cur;
+            level.child_scores = nxt;
+            level.end = lo + listed;
+            level.lp = (rank < V) ? lp_s[d * V + rank] : -INFINITY;
+            level.count_floor = count_floor;
+            level.link_low = ((uint32_t)rank << 6) | (uint32_t)d;
+            level.child_lo = child_lo;
+            level.child_cap = kKeep ? cap : child_lo + 2 * cap;
+            static_assert(kSelectItems1 == 8, "one case per item count below");
+            for (int base = lo; base < level.end;) {
+                const int items = min(((level.end - base - 1) >> stride_shift) + 1, kSelectItems1);
+                switch (items) {
+                    case 1: select_count_pass<1, kKeep>(level, base); break;
+                    case 2: select_count_pass<2, kKeep>(level, base); break;
+                    case 3: select_count_pass<3, kKeep>(level, base); break;
+                    case 4: select_count_pass<4, kKeep>(level, base); break;
+                    case 5: select_count_pass<5, kKeep>(level, base); break;
+                    case 6: select_count_pass<6, kKeep>(level, base); break;
+                    case 7: select_count_pass<7, kKeep>(level, base); break;
+                    default: select_count_pass<8, kKeep>(level, base); break;
                 }
-                at += __popc(votes[k]);
+                base += items << stride_shift;
             }
-            if (overflow) var[kOverflow] = 1;
-        }
-        __syncthreads();
-        if (warp == 0) {
+            __syncthreads();
+            if (var[kVarOverflow] != 0) return false;
             // The new bstar: from the lowest bin any counted path has (or the old bstar) up, kSelectRows rows of
             // 32 bins (one per lane) at a time, to the last bin with B counted paths at or above it.
-            const int next = var[kNext];
-            int above = var[kAbove] + (next - first);     // every new path has bin >= the old bstar
+            const int next = var[kVarNext];
+            above += next - child_lo;       // every new path has bin >= the old bstar
             int nb = bstar;
             if (above >= B) {
-                for (int row = max(bstar, var[kLowBin]) & ~31;; row += 32 * kSelectRows) {
+                for (int row = max(bstar, var[kVarLowBin]) & ~31;; row += 32 * kSelectRows) {
                     int h[kSelectRows], in_row[kSelectRows];
 #pragma unroll
                     for (int j = 0; j < kSelectRows; ++j) {
@@ -437,31 +615,28 @@ __device__ __forceinline__ bool select_build(const float* __restrict__ lp_s, int
                     break;
                 }
             }
-            __syncwarp();   // every lane has read var before lane 0 rewrites it
-            if (lane == 0) {
-                var[kBstar] = nb;
-                var[kAbove] = above;
-                var[kLevel] = next;
-                if (!keep) var[kNext] = 0;
-            }
+            bstar = nb;
+            node_lo = child_lo;
+            n = next - child_lo;
+            child_lo = next;
+            __syncthreads();    // every walk has read hist and var before the next level's passes change them
         }
-        __syncthreads();
-        if (var[kOverflow] != 0) return false;
-        lo = keep ? hi : 0;
-        hi = var[kLevel];
+        ranked = above;
+        pool = kKeep ? child_lo : above;
     }
-    const int bstar = var[kBstar];
-    const int ranked = var[kAbove];   // paths with bin >= bstar: the entries phase 3 ranks
+    // The loop's last barrier also orders phase 1's last reads before the writes below.
     if (ranked > cap3) return false;
-    int pool = keep ? var[kNext] : ranked;
-    __syncthreads();                  // !keep: phase 1's buffers are about to be overwritten
 
-    if (!keep) {
+    if constexpr (!kKeep) {
         // Phase 2: materialise the paths with bin >= bstar level by level, in a stable order: each level is
-        // contiguous, each node's children are contiguous in rank order.
+        // contiguous, each node's children are contiguous in rank order. Node-major over the block: a pass
+        // looks at kSelectItems * kThreads / group nodes.
+        const int warp = tid >> 5;
+        const int nodes_per_item = kThreads / group;
+        const int node_in_pass = tid / group;
+        const int nodes_per_pass = kSelectItems * nodes_per_item;
         int pass = 0;
-        lo = -1;
-        hi = 0;
+        int lo = -1, hi = 0;
         for (int d = 0; d < K && hi > lo; ++d) {
             const float lp = (rank < V) ? lp_s[d * V + rank] : -INFINITY;
             int at = hi;
@@ -785,7 +960,7 @@ __device__ __forceinline__ void small_build(const float* __restrict__ glp, const
     if (lane == 0) n_nodes[g] = n;
 }
 
-template <int NPL, bool kPartialLp>
+template <int NPL, bool kPartialLp, bool kSelect>
 __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_logp, const int* __restrict__ top_ids,
                                                 int K, int V, int B, int Vs, int cap, int cap3, int* __restrict__ n_nodes,
                                                 int* __restrict__ out_parent, int* __restrict__ out_depth,
@@ -839,13 +1014,14 @@ __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_lo
 
     // ---- select path (every log-prob <= 0, all staged, B large enough: cap > 0) ----
     bool selected = false;
-    if constexpr (!kPartialLp) {
+    if constexpr (kSelect) {
         if (cap > 0 && !any_positive) {
             // One pass over the levels when the pool has room for every counted path (cap > cap3); if it
             // overflows, two passes in the same scratch (20 * cap3 <= 12 * cap + 8 * cap3 bytes).
-            selected = select_build(lp_s, K, Vs, B, cap > cap3, cap, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
-            if (!selected && cap > cap3)
-                selected = select_build(lp_s, K, Vs, B, false, cap3, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
+            if (cap > cap3)
+                selected = select_build<true>(lp_s, K, Vs, B, cap, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
+            if (!selected)
+                selected = select_build<false>(lp_s, K, Vs, B, cap3, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
             if (selected && tid == 0) atomicAdd(&kdt_tree_build_select_runs, 1ull);
         }
     }
@@ -1073,27 +1249,29 @@ __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_lo
 
 }  // namespace
 
-#define KDT_TREE_BUILD_ENTRY(NPL, SUFFIX, PARTIAL)                                                             \
+#define KDT_TREE_BUILD_ENTRY(NPL, SUFFIX, PARTIAL, SELECT)                                                     \
     extern "C" __global__ void __launch_bounds__(kThreads, 1) kdt_tree_build_p##NPL##SUFFIX(                  \
         const float* __restrict__ top_logp, const int* __restrict__ top_ids, int K, int V, int B, int Vs, int cap, int cap3, \
         int* __restrict__ n_nodes, int* __restrict__ parent, int* __restrict__ depth, int* __restrict__ token, \
         int* __restrict__ rank, float* __restrict__ logw, int* __restrict__ first_child,                       \
         int* __restrict__ next_sibling, uint32_t* __restrict__ mask) {                                          \
-        tree_build_body<NPL, PARTIAL>(top_logp, top_ids, K, V, B, Vs, cap, cap3, n_nodes, parent, depth, token, rank, logw,         \
+        tree_build_body<NPL, PARTIAL, SELECT>(top_logp, top_ids, K, V, B, Vs, cap, cap3, n_nodes, parent, depth, token, rank, logw,         \
                              first_child, next_sibling, mask);                                                   \
     }
 
-// kdt_tree_build_p{NPL}: the needed [K, Vs = min(V, B + 1)] log-probs fit in shared memory.
-// kdt_tree_build_p{NPL}_g: they do not (Vs < min(V, B + 1)); ranks >= Vs are read from global memory.
-KDT_TREE_BUILD_ENTRY(1, , false)
-KDT_TREE_BUILD_ENTRY(2, , false)
-KDT_TREE_BUILD_ENTRY(4, , false)
-KDT_TREE_BUILD_ENTRY(8, , false)
-KDT_TREE_BUILD_ENTRY(16, , false)
-KDT_TREE_BUILD_ENTRY(32, , false)
-KDT_TREE_BUILD_ENTRY(1, _g, true)
-KDT_TREE_BUILD_ENTRY(2, _g, true)
-KDT_TREE_BUILD_ENTRY(4, _g, true)
-KDT_TREE_BUILD_ENTRY(8, _g, true)
-KDT_TREE_BUILD_ENTRY(16, _g, true)
-KDT_TREE_BUILD_ENTRY(32, _g, true)
+// kdt_tree_build_p{NPL}: the needed [K, Vs = min(V, B + 1)] log-probs fit in shared memory; small path and serial
+//   loop only (the launcher offered no select pool).
+// kdt_tree_build_p{NPL}_select: the same with the select path (a pool offered: cap > 0). A separate entry because
+//   the select path in the same function changes how ptxas compiles the serial loop (divergence checks around
+//   its shuffles: 10-17% slower serial builds on the H200).
+// kdt_tree_build_p{NPL}_g: they do not fit (Vs < min(V, B + 1)); ranks >= Vs are read from global memory.
+#define KDT_TREE_BUILD_ENTRIES(NPL)                 \
+    KDT_TREE_BUILD_ENTRY(NPL, , false, false)       \
+    KDT_TREE_BUILD_ENTRY(NPL, _select, false, true) \
+    KDT_TREE_BUILD_ENTRY(NPL, _g, true, false)
+KDT_TREE_BUILD_ENTRIES(1)
+KDT_TREE_BUILD_ENTRIES(2)
+KDT_TREE_BUILD_ENTRIES(4)
+KDT_TREE_BUILD_ENTRIES(8)
+KDT_TREE_BUILD_ENTRIES(16)
+KDT_TREE_BUILD_ENTRIES(32)

@@ -5,7 +5,8 @@ owns (the smallest power of two >= ceil((B + 1) / 32)), with the suffix `_g` whe
 (ranks < min(V, B + 1) at every depth) do not fit the shared-memory budget and the rest is read from global memory.
 Two more arguments size the select path's shared-memory pool (`smem_layout`; 0 keeps a launch on the serial
 loop): it is offered from B = `KDT_TREE_BUILD_SELECT_MIN_BUDGET` (default: the kernel's constant) when the staged
-fan-out is at most 32. Block size, the shared-memory budget and the layout sizes are read once per module from the
+fan-out is at most 32, and then the launch uses the entry with the suffix `_select` (the only one that contains the
+select path). Block size, the shared-memory budget and the layout sizes are read once per module from the
 kernel's exported `__constant__` ints. No workspace; no allocation, synchronisation or host read of device data in `launch` once the
 constants have been read (on first use), so it can be captured in a CUDA graph.
 """
@@ -119,7 +120,10 @@ def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None
 
     npl, staged, pool, ranked, smem = smem_layout(depth, fanout, budget, constants)
     # Ranks up to B are the most a build can read; the _g variant reads those past Vs from global memory.
-    name = f"{_PREFIX}p{npl}" + ("" if staged >= min(fanout, budget + 1) else "_g")
+    if staged < min(fanout, budget + 1):
+        name = f"{_PREFIX}p{npl}_g"
+    else:
+        name = f"{_PREFIX}p{npl}" + ("_select" if pool else "")
     function = kernel_function(module, name, smem)
 
     function(
