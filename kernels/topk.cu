@@ -12,15 +12,28 @@
 // -inf -> 0x007fffff, so key 0 is below every legal logit and marks an empty slot).  The total order used
 // everywhere is (key desc, id asc); ids are unique, so it is strict.
 //
-// Softmax statistics.  One read of the logits: each thread keeps an online (m, s) with m the running max and
-// s = sum exp(x - m), updated once per group of 16 elements (group max first, rescale s if it grew, then a
-// pairwise tree of the 16 exponentials).  exp(d) for d = x - m <= 0 is  ex2.approx.ftz(d * log2(e)).
-// Error budget (|logp - ref| <= 1e-5 for logits up to ~30): d = fl(x - m) and fl(d*log2e) carry a relative
-// error <= ~1.5*2^-24 of |d|, ex2.approx <= 2 ulp; a term's relative error is <= 2.4e-7 + 9e-8*|d| and the
-// e^d-weighted mean of |d| stays < ~10 for any realistic row, so sum(exp) is off by < 1.2e-6 relative; the
-// pairwise trees keep the serial accumulation chain <= vocab / (threads * 16) adds (<= 64 here).  The result
-// is written as logp = (x - m) - logf(s) (x - m is exact for the top entries; logf is the accurate libm
-// logf), so the total stays around 2e-6.  m starts at -FLT_MAX (not -inf) so that no inf - inf ever occurs.
+// Softmax statistics.  One read of the logits.  Small path (struct Softmax): each thread keeps an online
+// (m, b, s) with m the running max and s = sum exp(x - b) in a base b >= m, updated once per group (one step:
+// 16 f32 / 32 bf16 elements): the group max first; if it exceeds b, b moves to fl(gm + BASE_MARGIN) (4) and s
+// is rescaled (the margin absorbs the slow growth of a running max, so after the first groups this is rare
+// and sits behind the warp vote of the gate test); then a pairwise tree of the group's exponentials.
+// exp(x - b) = ex2.approx.ftz(a) with a = fl(x*log2e - bL), one FFMA, bL = fl(b*log2e), while |b| <= 65536
+// (FUSED_MAX_B); every term then carries the factor 2^r of the residual r = b*log2e - bL (exact by an FMA), and
+// the group sum is multiplied by c = ex2(-r).  Beyond that (rows of huge logits, where 2^r overflows) the
+// exact mode a = fl(fl(x - b)*log2e).  When its scan ends a thread moves s to the base m (s *= ex2((b - m)*
+// log2e), 0 <= b - m <= ~4), so the merges and the output see (m, sum exp(x - m)), as on the general path,
+// where (m, s) is kept directly (s rescaled whenever m grows; exp(x - m) = ex2(fl(fl(x - m)*log2e))).
+// Error budget (|logp - ref| <= 1e-5 for logits up to ~30), small path, d = x - m: a term's relative error
+// is <= 7.3e-8*|d| + 2.4e-7 (the one rounding of a: 2^-24 of |x - b| <= |d| + 4, i.e. 6e-8*|d| + 2.4e-7;
+// log2e's own relative error 1.3e-8*|d|) + 2.4e-7 (ex2.approx, 2 ulp) + 9.6e-7 common to all terms (c's ex2:
+// 2.4e-7; the final move to the base m: its ex2 and the two roundings of (b - m)*log2e, 7.2e-7); the exact
+// mode has ~1.5*2^-24 of |x - b| instead of 2^-24; each of the few rebases scales the older part of s by one
+// more ex2 (2.4e-7).  The e^d-weighted mean of |d| stays < ~10 for any realistic row, so sum(exp) is off by
+// < 2.5e-6 relative (general path: d = fl(x - m) and fl(d*log2e) carry ~1.5*2^-24 of |d|, a term
+// 2.4e-7 + 9e-8*|d|, the sum < 1.2e-6).  The pairwise trees keep the serial accumulation chain
+// <= vocab / (threads * 16) adds (<= 64 here).  The result is written as logp = (x - m) - logf(s) (x - m is
+// exact for the top entries; logf is the accurate libm logf, then one rounding of the difference), so the
+// total stays below ~4e-6.  m (and b) start at -FLT_MAX (not -inf) so that no inf - inf ever occurs.
 //
 // ---------------------------------------------------------------------------------------------------------
 // Fast path, V <= 32: kdt_topk_small_{f32,bf16}_v{1,2,4,8,16,32} (VT = template bound, runtime V <= VT),
@@ -32,8 +45,10 @@
 //   sm_120 2 blocks (what its ~100 KB of shared memory per SM holds); no spills on either.
 //   Each block owns the columns [split*chunk, min(vocab, (split+1)*chunk)) of its row (chunk from the
 //   launcher, a multiple of 64).  The body of the range is read with 16-byte loads (float4 / 8 x bf16), U=4
-//   per thread and step, coalesced across the block (vector index = (step*U + u)*256 + tid); the
-//   unaligned head and the tail (< 16 bytes each, e.g. odd vocab) are read as scalars by lanes of warp 0.
+//   per thread and step, coalesced (vector index = step*U*256 + warp*U*32 + u*32 + lane: each warp reads U
+//   rows of 32 consecutive vectors, and a thread's U addresses lie within the +-2 KB immediate offset of
+//   LDGSTS from one another, so a step's copies need one 64-bit address); the unaligned head and the tail
+//   (< 16 bytes each, e.g. odd vocab) are read as scalars by lanes of warp 0.
 //   Step 0 loads into registers; the later steps (the partial last one too, so that a short range has all
 //   its loads in flight from the start) stream through the cp.async ring, issued 2 steps ahead, so every
 //   warp keeps ~4 KB in flight while it computes (register prefetch instead would need ~16 more registers
@@ -46,9 +61,13 @@
 //   the threads' running maxima m, which only rises: on a normal row of 163840 logits this cuts the elements
 //   that reach the candidate buffers from ~160 to ~35 per block (the hot path costs ~100 instructions per
 //   warp-step it is taken in).
-//   The hot loop is then: unpack, FMNMX to the vector maximum, the online softmax, and ONE float compare
-//   of each vector maximum against the gate (vote.any over the warp skips the whole step).  In a hot vector
-//   a bit mask of the elements >= the gate's float picks the few that get a key; those that pass are appended as (key, id) to a per-warp shared buffer (SMALL_CAPW = 384 entries, per-lane shared
+//   The hot loop is then, per step: the step maximum (bf16: HMNMX2 on the packed pairs, one unpack at the
+//   end; f32: FMNMX), ONE float compare of it against the gate and one against the softmax base, one
+//   vote.any over the warp (the rare work, candidates and rebase, sits behind it), and per element an
+//   unpack (bf16), an FFMA, an ex2 and an add: ~5.5 (bf16) / 6.3 (f32) SASS instructions per element on
+//   sm_90.  In a hot step each vector is tested against the gate again, and in a hot vector a bit mask of
+//   the elements >= the gate's float picks the few that get a key; those that pass are appended as (key, id)
+//   to a per-warp shared buffer (SMALL_CAPW = 384 entries, per-lane shared
 //   atomics on the warp's counter; no ballots, no shuffles, no list maintenance).  Overflow guard (warp-
 //   uniform, checked before each hot vector): if the buffer could not take a full vector from every lane,
 //   the warp shrinks it to its exact top VT and tightens its gate to the (key, id) of entry VT-1 (strict:
@@ -98,6 +117,7 @@ constexpr unsigned FULL = 0xffffffffu;
 constexpr int SMALL_THREADS = 256;
 constexpr int SMALL_WARPS = SMALL_THREADS / 32;
 constexpr int SMALL_U = 4;          // 16-byte loads in flight per thread and step
+constexpr int SMALL_USTRIDE = 32;   // vectors between a thread's U vectors of one step (a warp-wide row)
 constexpr int SMALL_MAX_V = 32;
 // Dynamic shared memory of the small path: a cp.async ring of SMALL_STAGES steps (0: loads go to registers).
 // sm_90: 2 stages (32 KB; 3 blocks of 74 KB fit the 227 KB of an SM).  sm_120 has ~100 KB of shared memory
@@ -115,6 +135,7 @@ constexpr int ROW_CLUSTER = 16;
 #endif
 constexpr int SMALL_STAGE_BYTES = SMALL_STAGES * SMALL_U * SMALL_THREADS * 16;
 constexpr int SMALL_RING = SMALL_STAGES > 0 ? SMALL_STAGES : 1;    // modulus of the slot index
+static_assert((SMALL_RING & (SMALL_RING - 1)) == 0, "slot index = step & (SMALL_RING - 1)");
 constexpr int MAX_SPLITS = 128;
 // Cluster path: one cluster of ROW_CLUSTER blocks per row, merged over distributed shared memory into block 0's
 // receive slots: lists at s_k/s_i[RECV_BASE ..], statistics at s_m/s_s[SMALL_WARPS ..].
@@ -153,10 +174,16 @@ __device__ __forceinline__ float ex2(float x) {
 #endif
 }
 
-// 16-byte global -> shared copy that bypasses L1 (cp.async.cg), and its group bookkeeping.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+// 16-byte global -> shared copy that bypasses L1 (cp.async.cg) to the shared-window address dst, its group
+// bookkeeping, and the 16-byte read back (volatile + memory: never moved across the wait_group).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+    uint4 r;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr) : "memory");
+    return r;
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int PENDING>
@@ -237,9 +264,14 @@ __device__ __forceinline__ float tree_sum(float (&a)[N]) {
 }
 
 // ---- element types ------------------------------------------------------------------------------------
+// Vec: one 16-byte load; unpack: its W elements as floats.  The hot loop takes a step's maximum before it
+// unpacks anything: VMax is a vector's maximum in the form that is cheapest to combine (bf16: a packed pair,
+// one HMNMX2 per pair of pairs), vmax/vmax2 combine, vmax_float turns the result into the float maximum.
+// A maximum is always one of the elements (max never rounds), so its key is an element's key.
 template <typename Tin> struct Elem;
 template <> struct Elem<float> {
     using Vec = float4;
+    using VMax = float;
     static constexpr int W = 4;
     __device__ static __forceinline__ Vec ninf_vec() {
         const float n = neg_inf();
@@ -249,11 +281,30 @@ template <> struct Elem<float> {
         x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
     }
     __device__ static __forceinline__ float load1(const float* p) { return __ldg(p); }
+    __device__ static __forceinline__ Vec from_bits(const uint4& b) {
+        return make_float4(__uint_as_float(b.x), __uint_as_float(b.y), __uint_as_float(b.z), __uint_as_float(b.w));
+    }
+    __device__ static __forceinline__ VMax vmax(const Vec& v) { return fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)); }
+    __device__ static __forceinline__ VMax vmax2(VMax a, VMax b) { return fmaxf(a, b); }
+    __device__ static __forceinline__ float vmax_float(VMax a) { return a; }
 };
+
+// Elementwise maximum of two bf16 pairs (HMNMX2.BF16).  max.bf16x2 has no .ftz form: subnormals are kept; it
+// returns one of its inputs (no rounding), -inf is the smallest value, and of -0.0 / +0.0 either may come
+// back, which no user of a maximum can tell apart (f2key maps -0.0 to +0.0; compares treat them as equal;
+// x - m and the exponentials are the same for both).  NaN never reaches the kernel.
+__device__ __forceinline__ uint32_t bf16x2_max(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
 template <> struct Elem<uint16_t> {
     using Vec = uint4;
+    using VMax = uint32_t;              // a bf16 pair: the maxima of the vector's even and odd elements
     static constexpr int W = 8;
     __device__ static __forceinline__ Vec ninf_vec() { return make_uint4(0xff80ff80u, 0xff80ff80u, 0xff80ff80u, 0xff80ff80u); }
+    // bf16 -> float is exact: the bf16 bits are the high half of the float's (one IMAD.U32 or LOP3 each)
     __device__ static __forceinline__ void unpack(const Vec& v, float (&x)[W]) {
         const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -265,6 +316,26 @@ template <> struct Elem<uint16_t> {
     __device__ static __forceinline__ float load1(const uint16_t* p) {
         return __uint_as_float((uint32_t)__ldg(reinterpret_cast<const unsigned short*>(p)) << 16);
     }
+    __device__ static __forceinline__ Vec from_bits(const uint4& b) { return b; }
+    __device__ static __forceinline__ VMax vmax(const Vec& v) {
+        return bf16x2_max(bf16x2_max(v.x, v.y), bf16x2_max(v.z, v.w));
+    }
+    __device__ static __forceinline__ VMax vmax2(VMax a, VMax b) { return bf16x2_max(a, b); }
+    // the larger half as a float: the max of the pair and its swap holds it in both halves
+    __device__ static __forceinline__ float vmax_float(VMax p) {
+        return __uint_as_float(bf16x2_max(p, __byte_perm(p, 0u, 0x1032)) & 0xffff0000u);
+    }
+};
+
+// The scalar head and tail elements of the small path (already floats, one per lane).
+struct Elem1 {
+    using Vec = float;
+    using VMax = float;
+    static constexpr int W = 1;
+    __device__ static __forceinline__ void unpack(const Vec& v, float (&x)[W]) { x[0] = v; }
+    __device__ static __forceinline__ VMax vmax(const Vec& v) { return v; }
+    __device__ static __forceinline__ VMax vmax2(VMax a, VMax b) { return fmaxf(a, b); }
+    __device__ static __forceinline__ float vmax_float(VMax a) { return a; }
 };
 
 // ---- per-warp candidate buffer ------------------------------------------------------------------------
@@ -332,59 +403,132 @@ __device__ __forceinline__ void warp_compact(uint2* buf, uint32_t* cnt, uint32_t
     __syncwarp();
 }
 
-// One group of NV vectors of VW elements per lane: online softmax statistics + candidate collection.
-// Invalid vectors hold -inf (harmless for (m, s)) and are excluded from selection by valid[].
-template <int VT, int NV, int VW>
-__device__ __forceinline__ void process_group(float (&x)[NV][VW], const bool (&valid)[NV], const uint32_t (&base)[NV],
-                                              float& m, float& s, Gate& g, uint2* buf, uint32_t* cnt,
-                                              uint32_t* out_k, uint32_t* out_i, int lane) {
-    float vm[NV];
-#pragma unroll
-    for (int u = 0; u < NV; ++u) {
-        vm[u] = x[u][0];
-#pragma unroll
-        for (int e = 1; e < VW; ++e) vm[u] = fmaxf(vm[u], x[u][e]);
+// ---- online softmax of the small path ------------------------------------------------------------------
+// Per thread: m = the running maximum (an element seen so far, or -FLT_MAX before the first finite one) and
+// s = sum of exp(x - b) over the elements seen, in a base b >= m.  b moves only when a group maximum gm
+// exceeds it, and then to fl(gm + BASE_MARGIN): after its first groups a thread's maximum rarely climbs that
+// far, so the rescale (two ex2, ~10 instructions) sits with the candidate work behind one warp vote, skipped
+// in almost every group, instead of being predicated in all of them.  finish() moves s to the base m, once
+// per thread, so that the merges and the output see (m, sum exp(x - m)) as before.  A group's exponentials
+// are ex2(a) with
+//   fused mode (|b| <= FUSED_MAX_B):  a = fl(x * LOG2E - bL), one FFMA, bL = fl(b * LOG2E);
+//   exact mode (any other b):         a = fl(fl(x - b) * LOG2E).
+// The FFMA rounds x * LOG2E - bL once, so a = ((x - b) * LOG2E + r)(1 + e), |e| <= 2^-24, with
+// r = b * LOG2E - bL the rounding residual of bL (exact as fmaf(b, LOG2E, -bL)): all terms of a group share
+// the factor 2^r, and the group's sum is multiplied by c = ex2(-r) before it joins s.  |b| <= FUSED_MAX_B
+// keeps |bL| < 2^17, so |r| <= 2^-8 and 2^r and c are harmless; far beyond it r reaches 2^100 (the tests
+// have rows of 1e37-magnitude logits) and 2^r overflows, hence the exact mode there.  Both modes give s in
+// the same base, so a group may switch mode whenever b moves (a warp runs the fused mode when all its lanes
+// can).
+constexpr float FUSED_MAX_B = 65536.0f;
+constexpr float BASE_MARGIN = 4.0f;
+
+struct Softmax {
+    float m = -FLT_MAX;
+    float b = -FLT_MAX;   // base of s: m <= b <= fl(m + BASE_MARGIN) (b - m <= 4 + ulp(m) / 2)
+    float s = 0.0f;
+    float bL = 0.0f;      // fl(b * LOG2E)                      (fused mode only)
+    float c = 1.0f;       // ex2(-(b * LOG2E - bL))             (fused mode only)
+    // the whole warp is in the fused mode: a warp-uniform branch (no reconvergence bookkeeping); the exact
+    // mode is right for any b, so a warp with one lane beyond FUSED_MAX_B runs it on every lane
+    bool warp_fused = false;
+
+    __device__ __forceinline__ bool fused() const { return fabsf(b) <= FUSED_MAX_B; }
+
+    // Online softmax: a group maximum gm above the base rescales s to a new base above gm.  The caller
+    // takes m = max(m, gm) and calls rebase only where needs_rebase (rarely: see process_group).
+    __device__ __forceinline__ bool needs_rebase(float gm) const { return gm > b; }
+    __device__ __forceinline__ void rebase(float gm) {
+        const float nb = gm + BASE_MARGIN;               // >= gm (= gm when BASE_MARGIN < ulp(gm) / 2)
+        s *= ex2((b - nb) * LOG2E);
+        b = nb;
+        bL = __fmul_rn(nb, LOG2E);                       // never contracted into the FMA below
+        c = ex2(-fmaf(nb, LOG2E, -bL));                  // unused (maybe inf) in the exact mode
     }
-    float gm = vm[0];
-#pragma unroll
-    for (int u = 1; u < NV; ++u) gm = fmaxf(gm, vm[u]);
-    raise_max(m, s, gm);
+
+    // s -> sum exp(x - m): once per thread, after its scan (b - m = 0 when it saw no finite element).
+    __device__ __forceinline__ void finish() {
+        s *= ex2((b - m) * LOG2E);
+        b = m;
+    }
+};
+
+// Sum of the exponentials of one group (pairwise tree), in the fused or the exact mode.
+template <bool FUSED, typename E, int NV>
+__device__ __forceinline__ float group_exp_sum(const typename E::Vec (&v)[NV], const Softmax& sm) {
+    constexpr int VW = E::W;
     float ev[NV * VW];
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
+        float x[VW];
+        E::unpack(v[u], x);
 #pragma unroll
-        for (int e = 0; e < VW; ++e) ev[u * VW + e] = ex2((x[u][e] - m) * LOG2E);
+        for (int e = 0; e < VW; ++e)
+            ev[u * VW + e] = ex2(FUSED ? fmaf(x[e], LOG2E, -sm.bL) : (x[e] - sm.b) * LOG2E);
     }
-    s += tree_sum(ev);
+    return tree_sum(ev);
+}
 
-    bool hot_any = false;
+// One group of NV vectors of E::W elements per lane (vector u holds the ids base0 + u*SMALL_USTRIDE*W + e):
+// online softmax statistics + candidate collection.  Invalid vectors hold -inf (harmless for the statistics)
+// and are excluded from selection by valid[].
+template <int VT, int NV, typename E>
+__device__ __forceinline__ void process_group(const typename E::Vec (&v)[NV], const bool (&valid)[NV], uint32_t base0,
+                                              Softmax& sm, Gate& g, uint2* buf, uint32_t* cnt,
+                                              uint32_t* out_k, uint32_t* out_i, int lane) {
+    constexpr int VW = E::W;
+    typename E::VMax vm[NV];
 #pragma unroll
-    for (int u = 0; u < NV; ++u) hot_any |= valid[u] && vm[u] >= g.gf;
-    if (__any_sync(FULL, hot_any)) {                       // rare: some lane holds a candidate
+    for (int u = 0; u < NV; ++u) vm[u] = E::vmax(v[u]);
 #pragma unroll
-        for (int u = 0; u < NV; ++u) {
-            const bool hot = valid[u] && vm[u] >= g.gf;
-            if (__any_sync(FULL, hot)) {
-                // one read, broadcast: warp-uniform, and taken before any lane appends
-                if (__shfl_sync(FULL, *cnt, 0) > (uint32_t)(SMALL_CAPW - 32 * VW))
-                    warp_compact<VT, VW>(buf, cnt, out_k, out_i, g, lane);
-                if (hot) {
-                    // usually one element of the vector passes: key and append only those
-                    uint32_t pass = 0;
+    for (int w = 1; w < NV; w <<= 1) {                    // pairwise: short dependency chains
 #pragma unroll
-                    for (int e = 0; e < VW; ++e) pass |= (x[u][e] >= g.gf ? 1u : 0u) << e;
-                    while (pass) {
-                        const int e = __ffs(pass) - 1;
-                        pass &= pass - 1u;
-                        const uint32_t k = f2key(pick(x[u], e));
-                        const uint32_t id = base[u] + (uint32_t)e;
-                        if (better(k, id, g.gk, g.gi)) buf[atomicAdd(cnt, 1u)] = make_uint2(k, id);
+        for (int u = 0; u + w < NV; u += 2 * w) vm[u] = E::vmax2(vm[u], vm[u + w]);
+    }
+    const float gm = E::vmax_float(vm[0]);
+    sm.m = fmaxf(sm.m, gm);
+
+    // The rare work of a group, behind one warp vote: candidates (some lane has gm >= gf) and the rescale
+    // of the softmax base (some lane has gm > b).  Candidates first, so that the vectors die in the
+    // exponentials below (fewer live registers there).  A hot valid vector implies gm >= gf.  (Invalid
+    // vectors hold -inf, so with an open gate, gf = -inf, padding alone can enter, where the per-vector test
+    // below finds nothing.)
+    const bool maybe_hot = gm >= g.gf;
+    const bool rebase = sm.needs_rebase(gm);
+    if (__any_sync(FULL, maybe_hot || rebase)) {
+        if (__any_sync(FULL, maybe_hot)) {
+#pragma unroll
+            for (int u = 0; u < NV; ++u) {
+                const bool hot = valid[u] && E::vmax_float(E::vmax(v[u])) >= g.gf;
+                if (__any_sync(FULL, hot)) {
+                    // one read, broadcast: warp-uniform, and taken before any lane appends
+                    if (__shfl_sync(FULL, *cnt, 0) > (uint32_t)(SMALL_CAPW - 32 * VW))
+                        warp_compact<VT, VW>(buf, cnt, out_k, out_i, g, lane);
+                    if (hot) {
+                        // usually one element of the vector passes: key and append only those
+                        float x[VW];
+                        E::unpack(v[u], x);
+                        uint32_t pass = 0;
+#pragma unroll
+                        for (int e = 0; e < VW; ++e) pass |= (x[e] >= g.gf ? 1u : 0u) << e;
+                        while (pass) {
+                            const int e = __ffs(pass) - 1;
+                            pass &= pass - 1u;
+                            const uint32_t k = f2key(pick(x, e));
+                            const uint32_t id = base0 + (uint32_t)(u * SMALL_USTRIDE * VW + e);
+                            if (better(k, id, g.gk, g.gi)) buf[atomicAdd(cnt, 1u)] = make_uint2(k, id);
+                        }
                     }
+                    __syncwarp();
                 }
-                __syncwarp();
             }
         }
+        if (rebase) sm.rebase(gm);
+        sm.warp_fused = __all_sync(FULL, sm.fused());     // b changes only here
     }
+
+    if (sm.warp_fused) sm.s = fmaf(group_exp_sum<true, E>(v, sm), sm.c, sm.s);
+    else sm.s += group_exp_sum<false, E>(v, sm);
 }
 
 // Top-VT of L sorted lists (lists[l*VT .. l*VT+VT-1], best first, empty slots (0, ~0) last) -> ok/oi[0..VT).
@@ -555,7 +699,7 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
     const Vec* vp = reinterpret_cast<const Vec*>(rp + a0);
     const int nsteps = (nv + T * U - 1) / (T * U);
 
-    float m = -FLT_MAX, s = 0.0f;
+    Softmax sm;
     uint2* buf = s_buf + warp * SMALL_CAPW;
     uint32_t* cnt = &s_cnt[warp];
     uint32_t* wk = s_k + warp * VT;      // per-warp list slot (scratch during the scan, result at the end)
@@ -563,21 +707,24 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
     if (tid < SMALL_WARPS) s_cnt[tid] = 0u;
     if (tid == 0) s_n = 0u;
 
-    float x[U][VW];
+    // Vector u of step st of this thread is vector st*U*T + toff + u*USTRIDE of the body (toff below): each
+    // warp reads U rows of 32 consecutive vectors (coalesced), and the U addresses of a thread lie within the
+    // reach of LDGSTS's immediate offset (+-2 KB) from one another: one 64-bit address per step, not U.
+    // Its elements have the ids step_base(st) + u*USTRIDE*VW + e.
+    constexpr int USTRIDE = SMALL_USTRIDE;
+    const int toff = warp * (U * USTRIDE) + lane;
+    const Vec* tp = vp + toff;
+    auto step_base = [&](int st) { return (uint32_t)(a0 + (st * U * T + toff) * VW); };
+    Vec v[U];
     bool valid[U];
-    uint32_t base[U];
     auto load_step = [&](int step) {
-        Vec v[U];
+        const Vec* sp = tp + step * (U * T);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int vi = (step * U + u) * T + tid;
-            valid[u] = vi < nv;
-            base[u] = (uint32_t)(a0 + vi * VW);
+            valid[u] = step * U * T + toff + u * USTRIDE < nv;
             v[u] = E::ninf_vec();
-            if (valid[u]) v[u] = __ldcs(vp + vi);
+            if (valid[u]) v[u] = __ldcs(sp + u * USTRIDE);
         }
-#pragma unroll
-        for (int u = 0; u < U; ++u) E::unpack(v[u], x[u]);
     };
 
     // ---- warm-up: first loads + head/tail, then the block bound
@@ -589,97 +736,109 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
     // copied itself, so no barrier is needed, only cp.async.wait_group.
     const int nfull = nv / (T * U);
     extern __shared__ uint4 s_stage[];                  // [SMALL_STAGES][U][T]
-    auto issue_step = [&](int st) {
+    constexpr uint32_t VEC_BYTES = 16;
+    constexpr uint32_t SLOT_BYTES = U * T * VEC_BYTES;
+    // shared-window address of this thread's word of step st's slot (vector u at + u*T*VEC_BYTES)
+    const uint32_t stage_addr = (uint32_t)__cvta_generic_to_shared(s_stage + tid);
+    auto slot_of = [&](int st) { return stage_addr + (uint32_t)(st & (SMALL_RING - 1)) * SLOT_BYTES; };
+    // step st's copies into slot = slot_of(st), from sp = tp + st*U*T (the main loop carries both)
+    auto issue_step = [&](int st, const Vec* sp, uint32_t slot) {
         if (st < nfull) {
-            uint4* slot = s_stage + (st % SMALL_RING) * U * T;
 #pragma unroll
-            for (int u = 0; u < U; ++u) cp_async16(slot + u * T + tid, vp + (st * U + u) * T + tid);
+            for (int u = 0; u < U; ++u) cp_async16(slot + u * T * VEC_BYTES, sp + u * USTRIDE);
         } else if (st < nsteps) {                         // the partial last step: bounds per vector
-            uint4* slot = s_stage + (st % SMALL_RING) * U * T;
+            const int left = nv - (st * U * T + toff);    // vector u is in the body iff u*USTRIDE < left
+            // sp made opaque here: otherwise the compiler rebuilds these rare addresses from a 64-bit
+            // induction variable that it then advances in every step of the main loop
+            asm("" : "+l"(sp));
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const int vi = (st * U + u) * T + tid;
-                if (vi < nv) cp_async16(slot + u * T + tid, vp + vi);
+                if (u * USTRIDE < left) cp_async16(slot + u * T * VEC_BYTES, sp + u * USTRIDE);
             }
         }
         cp_async_commit();
     };
     if constexpr (SMALL_STAGES > 0) {
 #pragma unroll
-        for (int st = 1; st <= SMALL_STAGES; ++st) issue_step(st);
+        for (int st = 1; st <= SMALL_STAGES; ++st) issue_step(st, tp + st * (U * T), slot_of(st));
     }
-    float hx[1][1] = {{neg_inf()}};
+    float hx[1] = {neg_inf()};
     const bool hv[1] = {warp == 0 && lane < nht};
-    const uint32_t hb[1] = {(uint32_t)(lane < nhead ? lo + lane : a1 + (lane - nhead))};
-    if (hv[0]) hx[0][0] = E::load1(rp + hb[0]);
+    const uint32_t hb = (uint32_t)(lane < nhead ? lo + lane : a1 + (lane - nhead));
+    if (hv[0]) hx[0] = E::load1(rp + hb);
     Gate g;
     {
         // first bound: the VT-th largest of the thread maxima of the first step (and head/tail)
-        float lm = hx[0][0];
+        typename E::VMax vm = E::vmax(v[0]);
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-#pragma unroll
-            for (int e = 0; e < VW; ++e) lm = fmaxf(lm, x[u][e]);
-        }
-        const uint32_t v = (hv[0] || valid[0]) ? f2key(lm) : 0u;   // 0: thread holds no element
-        g.set(block_bound<VT>(v, s_k, &s_bound, lane, warp, tid), ~0u);
+        for (int u = 1; u < U; ++u) vm = E::vmax2(vm, E::vmax(v[u]));
+        const float lm = fmaxf(hx[0], E::vmax_float(vm));
+        const uint32_t key = (hv[0] || valid[0]) ? f2key(lm) : 0u;   // 0: thread holds no element
+        g.set(block_bound<VT>(key, s_k, &s_bound, lane, warp, tid), ~0u);
     }
-    process_group<VT, 1, 1>(hx, hv, hb, m, s, g, buf, cnt, wk, wi, lane);
-    process_group<VT, U, VW>(x, valid, base, m, s, g, buf, cnt, wk, wi, lane);
+    process_group<VT, 1, Elem1>(hx, hv, hb, sm, g, buf, cnt, wk, wi, lane);
+    process_group<VT, U, E>(v, valid, step_base(0), sm, g, buf, cnt, wk, wi, lane);
     // Steps whose U * T vectors all lie inside the body: no bounds test and no -inf fill.  Before steps 1, 3,
     // 7, 15, ... the gate is raised to the VT-th largest running maximum of the threads (m is an element
     // seen so far, or -FLT_MAX before any finite one): the gate then tracks the top VT of a doubling prefix
     // of the range, and far fewer elements reach the candidate buffers than with the first step's bound.
     const bool all_valid[U] = {true, true, true, true};
     int step = 1;
+    int bound_step = 1;                                   // the next of 1, 3, 7, 15, ... (2^k - 1)
+    const Vec* ahead = tp + (1 + SMALL_STAGES) * (U * T); // vector 0 of step + SMALL_STAGES
+    // the ring slots of `step` and of the next step: two slots, so they swap every step
+    static_assert(SMALL_STAGES == 0 || SMALL_STAGES == 2, "slot alternation below");
+    uint32_t slot = slot_of(step), other = slot_of(step + 1);
     for (; step < nfull; ++step) {
-        Vec v[U];
         if constexpr (SMALL_STAGES > 0) {
             cp_async_wait<SMALL_STAGES - 1>();              // this step's group has landed
-            const uint4* slot = s_stage + (step % SMALL_RING) * U * T;
 #pragma unroll
-            for (int u = 0; u < U; ++u) v[u] = *reinterpret_cast<const Vec*>(slot + u * T + tid);
+            for (int u = 0; u < U; ++u) v[u] = E::from_bits(lds128(slot + u * T * VEC_BYTES));
+            // into the slot just read (same parity): the copies follow the reads in program order, as before
+            // (ptxas placed them ahead of the reads' first uses then too)
+            issue_step(step + SMALL_STAGES, ahead, slot);
+            ahead += U * T;
+            const uint32_t t = slot;
+            slot = other;
+            other = t;
         } else {
+            const Vec* sp = tp + step * (U * T);
 #pragma unroll
-            for (int u = 0; u < U; ++u) v[u] = __ldcs(vp + (step * U + u) * T + tid);
+            for (int u = 0; u < U; ++u) v[u] = __ldcs(sp + u * USTRIDE);
         }
-#pragma unroll
-        for (int u = 0; u < U; ++u) base[u] = (uint32_t)(a0 + ((step * U + u) * T + tid) * VW);
         // block-uniform, with this step's loads in flight; it pays off only while as many steps remain
-        if ((step & (step + 1)) == 0 && nfull >= 2 * (step + 1)) {
-            const uint32_t b = block_bound<VT>(m > -FLT_MAX ? f2key(m) : 0u, s_k, &s_bound, lane, warp, tid);
-            if (b > g.gk) g.set(b, ~0u);
+        if (step == bound_step) {
+            bound_step = 2 * step + 1;
+            if (nfull >= 2 * (step + 1)) {
+                const uint32_t b = block_bound<VT>(sm.m > -FLT_MAX ? f2key(sm.m) : 0u, s_k, &s_bound, lane, warp, tid);
+                if (b > g.gk) g.set(b, ~0u);
+            }
         }
-
-#pragma unroll
-        for (int u = 0; u < U; ++u) E::unpack(v[u], x[u]);
-        if constexpr (SMALL_STAGES > 0) issue_step(step + SMALL_STAGES);   // into the slot just read
-        process_group<VT, U, VW>(x, all_valid, base, m, s, g, buf, cnt, wk, wi, lane);
+        process_group<VT, U, E>(v, all_valid, step_base(step), sm, g, buf, cnt, wk, wi, lane);
     }
     if constexpr (SMALL_STAGES > 0) {
         cp_async_wait<0>();
         if (step < nsteps) {                              // the partial last step, from its ring slot
-            const uint4* slot = s_stage + (step % SMALL_RING) * U * T;
+            const uint32_t slot = slot_of(step);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const int vi = (step * U + u) * T + tid;
-                valid[u] = vi < nv;
-                base[u] = (uint32_t)(a0 + vi * VW);
-                const Vec v = valid[u] ? *reinterpret_cast<const Vec*>(slot + u * T + tid) : E::ninf_vec();
-                E::unpack(v, x[u]);
+                valid[u] = step * U * T + toff + u * USTRIDE < nv;
+                v[u] = valid[u] ? E::from_bits(lds128(slot + u * T * VEC_BYTES)) : E::ninf_vec();
             }
-            process_group<VT, U, VW>(x, valid, base, m, s, g, buf, cnt, wk, wi, lane);
+            process_group<VT, U, E>(v, valid, step_base(step), sm, g, buf, cnt, wk, wi, lane);
         }
     } else {
         for (; step < nsteps; ++step) {
             load_step(step);
-            process_group<VT, U, VW>(x, valid, base, m, s, g, buf, cnt, wk, wi, lane);
+            process_group<VT, U, E>(v, valid, step_base(step), sm, g, buf, cnt, wk, wi, lane);
         }
     }
     __syncwarp();
     warp_select<VT>(buf, *cnt, wk, wi, lane);                // this warp's sorted top VT -> s_k/s_i slot
 
     // ---- block merge
+    sm.finish();
+    float m = sm.m, s = sm.s;
     warp_fold_stats(m, s);
     if (lane == 0) { s_m[warp] = m; s_s[warp] = s; }
     __syncthreads();
