@@ -25,6 +25,7 @@ MIN_RUNS = 100
 WARMUP = 10
 GRAPH_LAUNCHES = 20
 GRAPH_BELOW_US = 200.0             # graph mode only where launch gaps could matter: kernels under this
+PROBE_REPLAYS = 5                  # replays of a one-launch graph that measure a kernel's own time
 L2_ROTATE_BYTES = 2 * 60 * 2**20   # rotate buffers until twice the H200's 60 MB L2 is covered
 MAX_ROTATE = 16
 CPU_REPEATS = 3
@@ -97,6 +98,30 @@ def time_eager(cp, launch: Callable[[int], None], rotate: int, runs: int = MIN_R
     return _summary([cp.cuda.get_elapsed_time(a, b) * 1000.0 for a, b in events])
 
 
+def kernel_us(cp, launch: Callable[[int], None]) -> float:
+    """A kernel's own time, without the host's launch overhead: the fastest of PROBE_REPLAYS replays of one
+    launch captured in a graph. Eager event timing counts the host's submission gap when the host is slower
+    than the kernel (a busy host made 20-us kernels read 280 us), so it must not decide on graph mode."""
+    cp.cuda.Device().synchronize()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        launch(0)
+        stream.synchronize()
+        stream.begin_capture()
+        launch(0)
+        graph = stream.end_capture()
+        graph.launch(stream)
+        samples = []
+        for _ in range(PROBE_REPLAYS):
+            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            stop.record(stream)
+            stop.synchronize()
+            samples.append(cp.cuda.get_elapsed_time(start, stop) * 1000.0)
+    return min(samples)
+
+
 def time_graph(cp, launch: Callable[[int], None], rotate: int, runs: int = MIN_RUNS) -> Timing:
     cp.cuda.Device().synchronize()  # inputs were made on the default stream, which this one does not wait for
     stream = cp.cuda.Stream(non_blocking=True)
@@ -141,7 +166,8 @@ def _bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool, baselin
         ops.run(spec, input_sets[i], params, out=outputs, workspace=workspace)
 
     eager = time_eager(cp, launch, rotate)
-    graphed = time_graph(cp, launch, rotate) if graph and eager.median_us < GRAPH_BELOW_US else None
+    small = graph and (eager.median_us < GRAPH_BELOW_US or kernel_us(cp, launch) < GRAPH_BELOW_US)
+    graphed = time_graph(cp, launch, rotate) if small else None
     headline = (graphed or eager).median_us
     gbps = shape.bytes_moved / headline / 1e3
     tflops = shape.flops / headline / 1e6 if shape.flops else 0.0
