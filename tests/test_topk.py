@@ -88,13 +88,15 @@ def test_kernel_matches_reference_on_random_inputs(seed):
 
 
 def long_rows(vocab: int, seed: int) -> np.ndarray:
-    """Nine rows that each stress the candidate gate of a block that scans a whole row: normal logits, a
+    """Eleven rows that each stress the candidate gate of a block that scans a whole row: normal logits, a
     strictly ascending row (every step holds new maxima), a descending one, one value everywhere, a 0.5 grid
     of ties, a masked row with three finite logits at the very end, the maximum in the last column,
-    magnitudes near the float32 limit, and a row whose largest values are spread evenly over the columns
-    (when the row is split, every split's list interleaves with every other's)."""
+    magnitudes near the float32 limit, a row whose largest values are spread evenly over the columns (when
+    the row is split, every split's list interleaves with every other's), a row whose largest values are
+    positive subnormals (exact in bf16 too: the packed bf16 maximum keeps subnormals), and a row whose maximum
+    is zero, held as +0.0 and -0.0 at many columns (equal logits: the smaller id first)."""
     rng = np.random.default_rng(seed)
-    rows = np.empty((9, vocab), np.float32)
+    rows = np.empty((11, vocab), np.float32)
     rows[0] = rng.standard_normal(vocab) * 1.5
     rows[1] = np.arange(vocab, dtype=np.float32) * np.float32(1e-3)
     rows[2] = rows[1][::-1]
@@ -106,7 +108,14 @@ def long_rows(vocab: int, seed: int) -> np.ndarray:
     rows[6, -1] = 9.0
     rows[7] = rng.standard_normal(vocab) * np.float32(1e37)
     rows[8] = (np.arange(vocab, dtype=np.int64) * 7919 % vocab).astype(np.float32) * np.float32(1e-4)
-    return rows.reshape(1, 9, vocab)
+    rows[9] = -rng.random(vocab, dtype=np.float32) - np.float32(0.5)
+    tiny = np.ldexp(np.arange(1, 41, dtype=np.float32), -130)     # 2^-130 .. 40 * 2^-130: subnormal and just above
+    rows[9, rng.choice(vocab, tiny.size, replace=False)] = tiny
+    rows[9, rng.choice(vocab, 8, replace=False)] = -tiny[:8]
+    rows[10] = -rng.random(vocab, dtype=np.float32) - np.float32(0.5)
+    zeros = rng.choice(vocab, 48, replace=False)
+    rows[10, zeros] = np.where(np.arange(zeros.size) % 2 == 0, np.float32(0.0), np.float32(-0.0))
+    return rows.reshape(1, 11, vocab)
 
 
 @pytest.mark.gpu
@@ -121,8 +130,8 @@ def test_kernel_whole_row_blocks_on_adversarial_rows(bf16, k, monkeypatch):
     monkeypatch.setattr(launcher, "MIN_CHUNK", launcher.MAX_VOCAB)   # S = 1: one block per row
     monkeypatch.setattr(ops, "_workspaces", {})                      # no workspace sized for another plan
     vocab = 163840 + 7                                                # an unaligned tail as well
-    assert launcher.plan(9, vocab, k, 132)[1] == 1
     logits = long_rows(vocab, seed=k)
+    assert launcher.plan(logits.shape[1], vocab, k, 132)[1] == 1
     case = stage._case(f"whole_rows_k{k}", "one block per row", k, k, to_bf16(logits) if bf16 else logits)
     result = verify.verify_fresh(stages.get("topk"), case)
     assert result.passed, [(f.name, f.mismatches, f.diffs[:2]) for f in result.fields if not f.ok]
@@ -145,9 +154,9 @@ def test_kernel_split_rows_on_adversarial_rows(bf16, k, merge, monkeypatch):
         monkeypatch.setattr(launcher, "CLUSTER_MIN_SPLITS", launcher.MAX_SPLITS + 1)
     monkeypatch.setattr(ops, "_workspaces", {})
     vocab = 163840 + 7
-    S = launcher.plan(9, vocab, k, sm_count())[1]
-    assert S >= launcher.CLUSTER_MIN_SPLITS if merge == "cluster" else S > 1
     logits = long_rows(vocab, seed=k + 100)
+    S = launcher.plan(logits.shape[1], vocab, k, sm_count())[1]
+    assert S >= launcher.CLUSTER_MIN_SPLITS if merge == "cluster" else S > 1
     case = stage._case(f"split_rows_k{k}", "rows split over blocks", k, k, to_bf16(logits) if bf16 else logits)
     result = verify.verify_fresh(stages.get("topk"), case)
     assert result.passed, [(f.name, f.mismatches, f.diffs[:2]) for f in result.fields if not f.ok]
