@@ -85,62 +85,51 @@ def _nbytes(value) -> int:
     return int(verify.raw(value).nbytes)
 
 
-def time_eager(cp, launch: Callable[[int], None], rotate: int, runs: int = MIN_RUNS) -> Timing:
-    stream = cp.cuda.get_current_stream()
-    for i in range(min(WARMUP, runs)):
-        launch(i % rotate)
-    events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(runs)]
+def _event_us(cp, stream, step: Callable[[int], None], count: int) -> list[float]:
+    """step(0), ..., step(count - 1), each between two events recorded on `stream`: microseconds each."""
+    events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(count)]
     for i, (start, stop) in enumerate(events):
         start.record(stream)
-        launch(i % rotate)
+        step(i)
         stop.record(stream)
     events[-1][1].synchronize()
-    return _summary([cp.cuda.get_elapsed_time(a, b) * 1000.0 for a, b in events])
+    return [cp.cuda.get_elapsed_time(a, b) * 1000.0 for a, b in events]
+
+
+def time_eager(cp, launch: Callable[[int], None], rotate: int, runs: int = MIN_RUNS) -> Timing:
+    for i in range(min(WARMUP, runs)):
+        launch(i % rotate)
+    return _summary(_event_us(cp, cp.cuda.get_current_stream(), lambda i: launch(i % rotate), runs))
+
+
+def _captured(cp, launch: Callable[[int], None], launches: int, rotate: int):
+    """A non-blocking stream and a CUDA graph of `launches` launches captured on it (inputs rotated), after one
+    launch outside capture (module and workspace ready)."""
+    cp.cuda.Device().synchronize()  # inputs were made on the default stream, which this one does not wait for
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        launch(0)
+        stream.synchronize()
+        stream.begin_capture()
+        for i in range(launches):
+            launch(i % rotate)
+        return stream, stream.end_capture()
 
 
 def kernel_us(cp, launch: Callable[[int], None]) -> float:
     """A kernel's own time, without the host's launch overhead: the fastest of PROBE_REPLAYS replays of one
     launch captured in a graph. Eager event timing counts the host's submission gap when the host is slower
     than the kernel (a busy host made 20-us kernels read 280 us), so it must not decide on graph mode."""
-    cp.cuda.Device().synchronize()
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        launch(0)
-        stream.synchronize()
-        stream.begin_capture()
-        launch(0)
-        graph = stream.end_capture()
-        graph.launch(stream)
-        samples = []
-        for _ in range(PROBE_REPLAYS):
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            stop.record(stream)
-            stop.synchronize()
-            samples.append(cp.cuda.get_elapsed_time(start, stop) * 1000.0)
-    return min(samples)
+    stream, graph = _captured(cp, launch, 1, 1)
+    graph.launch(stream)
+    return min(_event_us(cp, stream, lambda _: graph.launch(stream), PROBE_REPLAYS))
 
 
 def time_graph(cp, launch: Callable[[int], None], rotate: int, runs: int = MIN_RUNS) -> Timing:
-    cp.cuda.Device().synchronize()  # inputs were made on the default stream, which this one does not wait for
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        launch(0)  # outside capture: module and workspace ready
-        stream.synchronize()
-        stream.begin_capture()
-        for i in range(GRAPH_LAUNCHES):
-            launch(i % rotate)
-        graph = stream.end_capture()
-        for _ in range(3):
-            graph.launch(stream)
-        events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(runs)]
-        for start, stop in events:
-            start.record(stream)
-            graph.launch(stream)
-            stop.record(stream)
-        events[-1][1].synchronize()
-    return _summary([cp.cuda.get_elapsed_time(a, b) * 1000.0 / GRAPH_LAUNCHES for a, b in events])
+    stream, graph = _captured(cp, launch, GRAPH_LAUNCHES, rotate)
+    for _ in range(3):
+        graph.launch(stream)
+    return _summary([us / GRAPH_LAUNCHES for us in _event_us(cp, stream, lambda _: graph.launch(stream), runs)])
 
 
 def bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool = True, baselines: bool = True) -> ShapeResult:

@@ -347,6 +347,25 @@ __device__ __forceinline__ void load_kv_tile_wg1(uint32_t s_tile, int k, int pag
     }
 }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// O (m64n256 fragment) += P V of one key tile on wgmma, issued and committed, not waited (wgmma_retire):
+// A = P at p_addr (K-major 128-byte swizzle, k16 step kk at +32*kk bytes inside the 128-byte row), B = V at
+// v_addr, this warpgroup's 256 value columns (MN-major: LBO = BLK to the next 64 value columns, SBO = 8*TROW to
+// the next 8 keys, k16 step kk at +16*TROW bytes).
+__device__ __forceinline__ void pv_wgmma(float (&o)[O_NT][4], uint32_t p_addr, uint32_t v_addr) {
+    const uint64_t dp = wgmma_desc_sw128(p_addr);
+    const uint64_t dv = wgmma_desc_sw128_mn(v_addr, BLK, 8 * TROW);
+    reg_fence_all(o);  // a rescale of o is done before the fence
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS_PV; ++kk)
+        wgmma_m64n256k16_tb(o, dp + static_cast<uint64_t>((32 * kk) >> 4),
+                            dv + static_cast<uint64_t>((16 * TROW * kk) >> 4));
+    wgmma_commit();
+    reg_fence_all(o);
+}
+#endif
+
 }  // namespace va
 
 // Launch constants, read by kdt/launch/verify_attn.py through module.get_global.
@@ -469,35 +488,13 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
         for (int j = 0; j < O_NT; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
-        // P V of tile k for this warpgroup's 256 value columns: A = P_k (column block P_BLK of the tile, K-major
-        // 128-byte swizzle, k16 step = +32 B), B = V = column blocks 4wg..4wg+3 (MN-major, LBO = BLK to the next
-        // 64 columns, SBO = 1024 B to the next 8 keys, k16 step = +2048 B). Synchronous per warpgroup.
+        // P V of tile k for this warpgroup's 256 value columns: A = P_k (column block P_BLK of the tile), B = V
+        // = column blocks 4wg..4wg+3 of the tile. Synchronous per warpgroup (pv_wait).
         auto pv_tile = [&](uint32_t tile) {
-            const uint64_t dp = wgmma_desc_sw128(tile + static_cast<uint32_t>(P_BLK * BLK));
-            const uint64_t dv = wgmma_desc_sw128_mn(tile + static_cast<uint32_t>(wg * (PV_WG_N / 64) * BLK), BLK,
-                                                    8 * TROW);
-#pragma unroll
-            for (int j = 0; j < O_NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) reg_fence(o[j][e]);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < KSTEPS_PV; ++kk)
-                wgmma_m64n256k16_tb(o, dp + static_cast<uint64_t>((32 * kk) >> 4),
-                                    dv + static_cast<uint64_t>((16 * TROW * kk) >> 4));
-            wgmma_commit();
-#pragma unroll
-            for (int j = 0; j < O_NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) reg_fence(o[j][e]);
+            pv_wgmma(o, tile + static_cast<uint32_t>(P_BLK * BLK),
+                     tile + static_cast<uint32_t>(wg * (PV_WG_N / 64) * BLK));
         };
-        auto pv_wait = [&]() {
-            wgmma_wait0();
-#pragma unroll
-            for (int j = 0; j < O_NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) reg_fence(o[j][e]);
-        };
+        auto pv_wait = [&]() { wgmma_retire(o); };
         auto rescale = [&](float alA, float alB) {
             // the running max rarely moves after the first tiles: skip the 128 multiplies when alpha == 1
             if (__any_sync(0xffffffffu, (alA != 1.f) | (alB != 1.f))) {
@@ -546,8 +543,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
                 float d[4 * PIPE_NT];
 #pragma unroll
                 for (int e = 0; e < 4 * PIPE_NT; ++e) d[e] = 0.f;
-#pragma unroll
-                for (int e = 0; e < 4 * PIPE_NT; ++e) reg_fence(d[e]);
+                reg_fence_all(d);
                 const uint64_t dk = wgmma_desc_sw128(tile);
                 wgmma_fence();
 #pragma unroll
@@ -558,11 +554,8 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
                         wgmma_m64n64k16(d, dq + off, dk + off);
                     }
                 wgmma_commit();
-#pragma unroll
-                for (int e = 0; e < 4 * PIPE_NT; ++e) reg_fence(d[e]);
-                wgmma_wait0();
-#pragma unroll
-                for (int e = 0; e < 4 * PIPE_NT; ++e) reg_fence(d[e]);
+                reg_fence_all(d);
+                wgmma_retire(d);
                 // P_k overwrites the rope block of tile k, which every warp's share of the S wgmma reads (all 64
                 // key rows): all four warps must be past their wait first.
                 mbar_arrive(mb_sdone);
@@ -846,8 +839,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
             for (int e = 0; e < 16; ++e) d[e] = 0.f;
             const uint64_t da = wgmma_desc_sw128(sQ);
             const uint64_t db = wgmma_desc_sw128(sKV + kvoff + static_cast<uint32_t>(32 * s_cg * 128));
-#pragma unroll
-            for (int e = 0; e < 16; ++e) reg_fence(d[e]);
+            reg_fence_all(d);
             wgmma_fence();
 #pragma unroll
             for (int m = 0; m < DQK / 64; ++m)
@@ -857,11 +849,8 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
                     wgmma_m64n32k16(d, da + off, db + off);
                 }
             wgmma_commit();
-#pragma unroll
-            for (int e = 0; e < 16; ++e) reg_fence(d[e]);
-            wgmma_wait0();
-#pragma unroll
-            for (int e = 0; e < 16; ++e) reg_fence(d[e]);
+            reg_fence_all(d);
+            wgmma_retire(d);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -1054,30 +1043,10 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
             //     c ^ (r & 7)); k16 step kk at +32*kk bytes (inside the 128-byte row, as for Q / K in S).
             //   B = V: column blocks 4*s_cg..+4 of the key tile, MN-major: LBO = BLK (8192 B, next 64 value
             //     columns), SBO = 8*TROW (1024 B, next 8 keys); k16 step kk at +16*TROW = 2048 bytes.
-            const uint64_t dp = wgmma_desc_sw128(sP);
-            const uint64_t dv = wgmma_desc_sw128_mn(sKV + kvoff + static_cast<uint32_t>(s_cg * (PV_WG_N / 64) * BLK),
-                                                    BLK, 8 * TROW);
-#pragma unroll
-            for (int j = 0; j < O_NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) reg_fence(o[j][e]);  // the rescale above is done before the fence
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < KSTEPS_PV; ++kk)
-                wgmma_m64n256k16_tb(o, dp + static_cast<uint64_t>((32 * kk) >> 4),
-                                    dv + static_cast<uint64_t>((16 * TROW * kk) >> 4));
-            wgmma_commit();
-#pragma unroll
-            for (int j = 0; j < O_NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) reg_fence(o[j][e]);
+            pv_wgmma(o, sP, sKV + kvoff + static_cast<uint32_t>(s_cg * (PV_WG_N / 64) * BLK));
             // retire before B0 of the next tile: after it, tile k's buffer is refilled (cp.async) and P is
             // overwritten by the other warpgroup, both read by this wgmma
-            wgmma_wait0();
-#pragma unroll
-            for (int j = 0; j < O_NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) reg_fence(o[j][e]);
+            wgmma_retire(o);
         } else
 #endif
         {

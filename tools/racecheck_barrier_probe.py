@@ -48,12 +48,21 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
 '''
 
 # out[k][t'] = value handed over in iteration k to consumer thread t' (k < ITERS); out[ITERS][t'] = the epilogue.
-PROBES = {
-    "arrive_sync": r'''
+# Every probe is this frame around its own handoff loop.
+FRAME = r"""
 extern "C" __global__ void probe(int* out, int iters) {
-    __shared__ int box[128];
-    __shared__ int fin[128];
+    __shared__ int box[128];     // the value handed over in each iteration
+    __shared__ int fin[128];     // the epilogue's value, ordered by a __syncthreads that every thread executes
     const int t = threadIdx.x;
+%s
+    if (t < 128) fin[t] = t + 7;
+    __syncthreads();
+    if (t >= 128) out[iters * 128 + t - 128] = fin[t - 128];
+}
+"""
+
+HANDOFFS = {
+    "arrive_sync": r"""
     for (int k = 0; k < iters; ++k) {
         if (t < 128) {
             if (k > 0) asm volatile("bar.sync 2, 256;" ::: "memory");
@@ -64,18 +73,9 @@ extern "C" __global__ void probe(int* out, int iters) {
             out[k * 128 + t - 128] = box[t - 128];
             if (k + 1 < iters) asm volatile("bar.arrive 2, 256;" ::: "memory");
         }
-    }
-    if (t < 128) fin[t] = t + 7;
-    __syncthreads();
-    if (t >= 128) out[iters * 128 + t - 128] = fin[t - 128];
-}
-''',
-    "mbarrier": r'''
-extern "C" __global__ void probe(int* out, int iters) {
-    __shared__ int box[128];
-    __shared__ int fin[128];
+    }""",
+    "mbarrier": r"""
     __shared__ unsigned long long bars[2];      // 0: full (producers arrive), 1: empty (consumers arrive)
-    const int t = threadIdx.x;
     if (t == 0) { mbar_init(smem_u32(&bars[0]), 128); mbar_init(smem_u32(&bars[1]), 128); }
     __syncthreads();
     for (int k = 0; k < iters; ++k) {
@@ -88,17 +88,8 @@ extern "C" __global__ void probe(int* out, int iters) {
             out[k * 128 + t - 128] = box[t - 128];
             if (k + 1 < iters) mbar_arrive(smem_u32(&bars[1]));
         }
-    }
-    if (t < 128) fin[t] = t + 7;
-    __syncthreads();
-    if (t >= 128) out[iters * 128 + t - 128] = fin[t - 128];
-}
-''',
-    "group_sync": r'''
-extern "C" __global__ void probe(int* out, int iters) {
-    __shared__ int box[128];
-    __shared__ int fin[128];
-    const int t = threadIdx.x;
+    }""",
+    "group_sync": r"""
     for (int k = 0; k < iters; ++k) {
         if (t < 128) asm volatile("bar.sync 5, 128;" ::: "memory");
         else asm volatile("bar.sync 6, 128;" ::: "memory");
@@ -106,18 +97,9 @@ extern "C" __global__ void probe(int* out, int iters) {
         __syncthreads();
         if (t >= 128) out[k * 128 + t - 128] = box[t - 128];
         __syncthreads();
-    }
-    if (t < 128) fin[t] = t + 7;
-    __syncthreads();
-    if (t >= 128) out[iters * 128 + t - 128] = fin[t - 128];
-}
-''',
-    "group_mbarrier": r'''
-extern "C" __global__ void probe(int* out, int iters) {
-    __shared__ int box[128];
-    __shared__ int fin[128];
+    }""",
+    "group_mbarrier": r"""
     __shared__ unsigned long long bars[2];      // one per group, 128 arrivals each
-    const int t = threadIdx.x;
     if (t < 2) mbar_init(smem_u32(&bars[t]), 128);
     __syncthreads();
     const unsigned mine = smem_u32(&bars[t / 128]);
@@ -128,20 +110,15 @@ extern "C" __global__ void probe(int* out, int iters) {
         __syncthreads();
         if (t >= 128) out[k * 128 + t - 128] = box[t - 128];
         __syncthreads();
-    }
-    if (t < 128) fin[t] = t + 7;
-    __syncthreads();
-    if (t >= 128) out[iters * 128 + t - 128] = fin[t - 128];
-}
-''',
+    }""",
 }
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0] not in PROBES:
-        print(f"usage: racecheck_barrier_probe.py {{{','.join(PROBES)}}} (got {argv!r})", file=sys.stderr)
+    if len(argv) != 1 or argv[0] not in HANDOFFS:
+        print(f"usage: racecheck_barrier_probe.py {{{','.join(HANDOFFS)}}} (got {argv!r})", file=sys.stderr)
         return 2
-    kernel = cp.RawKernel(PRELUDE + PROBES[argv[0]], "probe")
+    kernel = cp.RawKernel(PRELUDE + FRAME % HANDOFFS[argv[0]], "probe")
     out = cp.full((ITERS + 1) * GROUP, -1, cp.int32)
     kernel((1,), (THREADS,), (out, cp.int32(ITERS)))
     got = out.get().reshape(ITERS + 1, GROUP)

@@ -97,6 +97,24 @@ __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.s
 // generic-proxy smem writes (cp.async, st.shared) -> visible to the async proxy (wgmma operand reads)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void reg_fence(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+// reg_fence on every register of a wgmma accumulator fragment (flat or [n8 tile][4]): the compiler may not move
+// the fragment's reads or writes across the point (wgmma issue, commit or wait) where this is called.
+template <int N>
+__device__ __forceinline__ void reg_fence_all(float (&x)[N]) {
+#pragma unroll
+    for (int e = 0; e < N; ++e) reg_fence(x[e]);
+}
+template <int N, int M>
+__device__ __forceinline__ void reg_fence_all(float (&x)[N][M]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) reg_fence_all(x[j]);
+}
+// Wait for this thread's committed wgmma groups, then fence the accumulator they wrote.
+template <typename Fragment>
+__device__ __forceinline__ void wgmma_retire(Fragment& d) {
+    wgmma_wait0();
+    reg_fence_all(d);
+}
 
 // ---- shared-memory mbarriers (producer / consumer handoffs between warpgroups). An mbarrier is an 8-byte
 // object; a phase completes when `count` arrivals were made on it, and its phase bit then flips (the first
