@@ -364,6 +364,29 @@ __device__ __forceinline__ void pv_wgmma(float (&o)[O_NT][4], uint32_t p_addr, u
     wgmma_commit();
     reg_fence_all(o);
 }
+
+// S (64 rows x 2*NF keys) = Q K^T over all of Dqk on wgmma, into d (zeroed first): the DQK/64 column blocks m x 4
+// k16 steps kk, both operands K-major 128-byte swizzle, step (m, kk) at +m*BLK + 32*kk bytes from the
+// descriptors dq / dk; committed and retired. NF = 32: m64n64 (all keys of a tile), 16: m64n32 (half).
+template <int NF>
+__device__ __forceinline__ void s_wgmma(float (&d)[NF], uint64_t dq, uint64_t dk) {
+    static_assert(NF == 32 || NF == 16, "m64n64 or m64n32");
+#pragma unroll
+    for (int e = 0; e < NF; ++e) d[e] = 0.f;
+    reg_fence_all(d);
+    wgmma_fence();
+#pragma unroll
+    for (int m = 0; m < DQK / 64; ++m)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            const uint64_t off = static_cast<uint64_t>((m * BLK + 32 * kk) >> 4);
+            if constexpr (NF == 32) wgmma_m64n64k16(d, dq + off, dk + off);
+            else wgmma_m64n32k16(d, dq + off, dk + off);
+        }
+    wgmma_commit();
+    reg_fence_all(d);
+    wgmma_retire(d);
+}
 #endif
 
 }  // namespace va
@@ -541,21 +564,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
                 // S (64 rows x 64 keys): 36 wgmma.m64n64k16 over the 9 column blocks x 4 k16 steps; Q and K both
                 // K-major 128-byte swizzle. d[4nt + e] = row rowA (e < 2) / rowB, key 8nt + 2cq + (e & 1).
                 float d[4 * PIPE_NT];
-#pragma unroll
-                for (int e = 0; e < 4 * PIPE_NT; ++e) d[e] = 0.f;
-                reg_fence_all(d);
-                const uint64_t dk = wgmma_desc_sw128(tile);
-                wgmma_fence();
-#pragma unroll
-                for (int m = 0; m < DQK / 64; ++m)
-#pragma unroll
-                    for (int kk = 0; kk < 4; ++kk) {
-                        const uint64_t off = static_cast<uint64_t>((m * BLK + 32 * kk) >> 4);
-                        wgmma_m64n64k16(d, dq + off, dk + off);
-                    }
-                wgmma_commit();
-                reg_fence_all(d);
-                wgmma_retire(d);
+                s_wgmma(d, dq, wgmma_desc_sw128(tile));
                 // P_k overwrites the rope block of tile k, which every warp's share of the S wgmma reads (all 64
                 // key rows): all four warps must be past their wait first.
                 mbar_arrive(mb_sdone);
@@ -835,22 +844,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
             // warpgroup s_cg: D (64 rows x keys 32*s_cg..+32) = sum over the 9 column blocks m and k16 steps kk
             // of Q[:, 64m + 16kk..] K[32 s_cg.., 64m + 16kk..]^T; both operands K-major 128-byte swizzle.
             float d[16];
-#pragma unroll
-            for (int e = 0; e < 16; ++e) d[e] = 0.f;
-            const uint64_t da = wgmma_desc_sw128(sQ);
-            const uint64_t db = wgmma_desc_sw128(sKV + kvoff + static_cast<uint32_t>(32 * s_cg * 128));
-            reg_fence_all(d);
-            wgmma_fence();
-#pragma unroll
-            for (int m = 0; m < DQK / 64; ++m)
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk) {
-                    const uint64_t off = static_cast<uint64_t>((m * BLK + 32 * kk) >> 4);
-                    wgmma_m64n32k16(d, da + off, db + off);
-                }
-            wgmma_commit();
-            reg_fence_all(d);
-            wgmma_retire(d);
+            s_wgmma(d, wgmma_desc_sw128(sQ), wgmma_desc_sw128(sKV + kvoff + static_cast<uint32_t>(32 * s_cg * 128)));
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
