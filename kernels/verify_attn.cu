@@ -347,6 +347,45 @@ __device__ __forceinline__ void load_kv_tile_wg1(uint32_t s_tile, int k, int pag
     }
 }
 
+// Entry (nt, e) of a score fragment, flat (wgmma: d[4 nt + e]) or per n8 tile (s[nt][e]); e < 2: row rowA,
+// else rowB; column 8 nt + 2 cq + (e & 1).
+template <int N>
+__device__ __forceinline__ float& frag_at(float (&f)[N], int nt, int e) { return f[4 * nt + e]; }
+template <int N>
+__device__ __forceinline__ float& frag_at(float (&f)[N][4], int nt, int e) { return f[nt][e]; }
+
+// Scale, mask, row max of NTILES n8 tiles of scores of rows rowA / rowB (this thread: columns 8 nt + 2 cq + {0, 1}):
+// s *= scale_log2e, or -inf at columns >= lim and, on a tree tile, where bit c of the row's mask word wA / wB
+// is clear; mxA / mxB get the quad's row maxima (a quad holds the fragment's whole row).
+template <int NTILES, typename Frag, typename Word>
+__device__ __forceinline__ void scale_mask_rowmax(Frag& f, int cq, int lim, bool tree, Word wA, Word wB,
+                                                  float scale_log2e, float& mxA, float& mxB) {
+    mxA = NEG_INF;
+    mxB = NEG_INF;
+#pragma unroll
+    for (int nt = 0; nt < NTILES; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int c = 8 * nt + 2 * cq + e;
+            bool okA = c < lim, okB = c < lim;
+            if (tree) {
+                okA = okA && ((wA >> c) & 1u);
+                okB = okB && ((wB >> c) & 1u);
+            }
+            float& a = frag_at(f, nt, e);
+            float& b = frag_at(f, nt, 2 + e);
+            a = okA ? a * scale_log2e : NEG_INF;
+            b = okB ? b * scale_log2e : NEG_INF;
+            mxA = fmaxf(mxA, a);
+            mxB = fmaxf(mxB, b);
+        }
+    }
+    mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 1));
+    mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 2));
+    mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 1));
+    mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // O (m64n256 fragment) += P V of one key tile on wgmma, issued and committed, not waited (wgmma_retire):
 // A = P at p_addr (K-major 128-byte swizzle, k16 step kk at +32*kk bytes inside the 128-byte row), B = V at
@@ -571,31 +610,10 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
                 mbar_wait(mb_sdone, it & 1);
 
                 // scale, mask, row max: a thread holds 16 keys of each of its two rows, a quad holds the whole
-                // row (no cross-warp exchange)
-                float mxA = NEG_INF, mxB = NEG_INF;
-                {
-                    const int lim = tree ? N - j0 : plen - k * KV_T;  // valid keys c < lim (+ mask bit on tree)
-#pragma unroll
-                    for (int nt = 0; nt < PIPE_NT; ++nt) {
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int c = 8 * nt + 2 * cq + e;
-                            bool okA = c < lim, okB = c < lim;
-                            if (tree) {
-                                okA = okA && ((wA >> c) & 1u);
-                                okB = okB && ((wB >> c) & 1u);
-                            }
-                            d[4 * nt + e] = okA ? d[4 * nt + e] * scale_log2e : NEG_INF;
-                            d[4 * nt + 2 + e] = okB ? d[4 * nt + 2 + e] * scale_log2e : NEG_INF;
-                            mxA = fmaxf(mxA, d[4 * nt + e]);
-                            mxB = fmaxf(mxB, d[4 * nt + 2 + e]);
-                        }
-                    }
-                }
-                mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 1));
-                mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 2));
-                mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 1));
-                mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
+                // row (no cross-warp exchange); valid keys c < lim (+ mask bit on tree)
+                float mxA, mxB;
+                scale_mask_rowmax<PIPE_NT>(d, cq, tree ? N - j0 : plen - k * KV_T, tree, wA, wB, scale_log2e, mxA,
+                                           mxB);
                 const float mnA = fmaxf(mA, mxA), mnB = fmaxf(mB, mxB);
                 const float muA = mnA == NEG_INF ? 0.f : mnA;  // a row with no key yet: p = 0, alpha = 0
                 const float muB = mnB == NEG_INF ? 0.f : mnB;
@@ -943,32 +961,11 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
             }
         }
 
-        // ---- scale, mask, row max
-        float mxA = NEG_INF, mxB = NEG_INF;
-        {
-            // valid columns c (0..TW-1 of this warp): prefix c < lim; tree c < lim and mask bit c
-            const int lim = tree ? N - j0 : plen - k * KV_T - TW * s_cg;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int c = 8 * nt + 2 * cq + e;
-                    bool okA = c < lim, okB = c < lim;
-                    if (tree) {
-                        okA = okA && ((wA >> c) & 1u);
-                        okB = okB && ((wB >> c) & 1u);
-                    }
-                    s[nt][e] = okA ? s[nt][e] * scale_log2e : NEG_INF;
-                    s[nt][2 + e] = okB ? s[nt][2 + e] * scale_log2e : NEG_INF;
-                    mxA = fmaxf(mxA, s[nt][e]);
-                    mxB = fmaxf(mxB, s[nt][2 + e]);
-                }
-            }
-        }
-        mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 1));
-        mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 2));
-        mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 1));
-        mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
+        // ---- scale, mask, row max: valid columns c (0..TW-1 of this warp): prefix c < lim; tree c < lim and
+        // mask bit c
+        float mxA, mxB;
+        scale_mask_rowmax<NT>(s, cq, tree ? N - j0 : plen - k * KV_T - TW * s_cg, tree, wA, wB, scale_log2e, mxA,
+                              mxB);
         if (cq == 0) {
             redmax[rowA * S_WN + s_cg] = mxA;
             redmax[rowB * S_WN + s_cg] = mxB;
