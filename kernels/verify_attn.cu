@@ -386,6 +386,22 @@ __device__ __forceinline__ void scale_mask_rowmax(Frag& f, int cq, int lim, bool
     mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
 }
 
+// The end of a query row's softmax: invl_s[row] = 1 / L (0 for a row past n_nodes or with no admissible key,
+// whose output is then +0) and its natural-log lse (m in log2 units; -inf for such a row) to part_lse (split
+// s of a flash-decoding split) or lse, for rows gr < R.
+__device__ __forceinline__ void finish_row(int row, int gr, bool act, float m, float L, float* invl_s, int R, int g,
+                                           int G, int Rpad, int split, bool split_mode, float* lse, float* part_lse) {
+    const bool ok = act && L > 0.f;
+    invl_s[row] = ok ? 1.f / L : 0.f;
+    const float lse_v = ok ? (m + log2f(L)) * LN2 : NEG_INF;
+    if (gr < R) {
+        if (split_mode)
+            part_lse[(static_cast<size_t>(split) * G + g) * Rpad + gr] = lse_v;
+        else
+            lse[static_cast<size_t>(g) * R + gr] = lse_v;
+    }
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // O (m64n256 fragment) += P V of one key tile on wgmma, issued and committed, not waited (wgmma_retire):
 // A = P at p_addr (K-major 128-byte swizzle, k16 step kk at +32*kk bytes inside the 128-byte row), B = V at
@@ -665,15 +681,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
                     const bool act = half ? actB : actA;
                     const float m = half ? mB : mA;
                     const float L = half ? lB : lA;
-                    const bool ok = act && L > 0.f;
-                    invl_s[row] = ok ? 1.f / L : 0.f;
-                    const float lse_v = ok ? (m + log2f(L)) * LN2 : NEG_INF;
-                    if (gr < R) {
-                        if (split_mode)
-                            part_lse[(static_cast<size_t>(split) * G + g) * Rpad + gr] = lse_v;
-                        else
-                            lse[static_cast<size_t>(g) * R + gr] = lse_v;
-                    }
+                    finish_row(row, gr, act, m, L, invl_s, R, g, G, Rpad, split, split_mode, lse, part_lse);
                 }
             }
         } else {
@@ -1107,15 +1115,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
             float L = 0.f;
 #pragma unroll
             for (int w = 0; w < S_WN; ++w) L += redl[row * S_WN + w];
-            const bool ok = act && L > 0.f;
-            invl_s[row] = ok ? 1.f / L : 0.f;
-            const float lse_v = ok ? (m + log2f(L)) * LN2 : NEG_INF;
-            if (gr < R) {
-                if (split_mode)
-                    part_lse[(static_cast<size_t>(split) * G + g) * Rpad + gr] = lse_v;
-                else
-                    lse[static_cast<size_t>(g) * R + gr] = lse_v;
-            }
+            finish_row(row, gr, act, m, L, invl_s, R, g, G, Rpad, split, split_mode, lse, part_lse);
         }
     }
     __syncthreads();
