@@ -386,6 +386,20 @@ __device__ __forceinline__ void scale_mask_rowmax(Frag& f, int cq, int lim, bool
     mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
 }
 
+// O *= alpha per row (rowA: o[j][0..1], rowB: o[j][2..3] of the m64n256 fragment) after a running-max move; the
+// max rarely moves after the first tiles, so the 128 multiplies are skipped when alpha == 1 for the whole warp.
+__device__ __forceinline__ void rescale_rows(float (&o)[O_NT][4], float alA, float alB) {
+    if (__any_sync(0xffffffffu, (alA != 1.f) | (alB != 1.f))) {
+#pragma unroll
+        for (int j = 0; j < O_NT; ++j) {
+            o[j][0] *= alA;
+            o[j][1] *= alA;
+            o[j][2] *= alB;
+            o[j][3] *= alB;
+        }
+    }
+}
+
 // The end of a query row's softmax: invl_s[row] = 1 / L (0 for a row past n_nodes or with no admissible key,
 // whose output is then +0) and its natural-log lse (m in log2 units; -inf for such a row) to part_lse (split
 // s of a flash-decoding split) or lse, for rows gr < R.
@@ -573,18 +587,6 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
                      tile + static_cast<uint32_t>(wg * (PV_WG_N / 64) * BLK));
         };
         auto pv_wait = [&]() { wgmma_retire(o); };
-        auto rescale = [&](float alA, float alB) {
-            // the running max rarely moves after the first tiles: skip the 128 multiplies when alpha == 1
-            if (__any_sync(0xffffffffu, (alA != 1.f) | (alB != 1.f))) {
-#pragma unroll
-                for (int j = 0; j < O_NT; ++j) {
-                    o[j][0] *= alA;
-                    o[j][1] *= alA;
-                    o[j][2] *= alB;
-                    o[j][3] *= alB;
-                }
-            }
-        };
 
         if (wg == 0) {
             // ---- WG0: S = Q K^T (m64n64, all keys, all of Dqk), online softmax, P, its half of P V
@@ -661,7 +663,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
                 fence_proxy_async();  // this thread's P stores (generic proxy) -> visible to P V wgmma (async)
                 mbar_arrive(mb_pready);  // release: P_k and alpha_k (PREADY phase it)
 
-                rescale(alA, alB);  // this warpgroup's previous P V has retired (pv_wait below)
+                rescale_rows(o, alA, alB);  // this warpgroup's previous P V has retired (pv_wait below)
                 pv_tile(tile);
                 pv_wait();
                 // WG1 refills this buffer with tile k+2 once both warpgroups' P V of tile k retired (release:
@@ -692,7 +694,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
                 const uint32_t tile = sKV + static_cast<uint32_t>((it & 1) * KV_TILE_BYTES);
                 mbar_wait(mb_pready, it & 1);  // P_k, alpha_k in smem (WG0 fenced its P stores)
                 // read alpha before the FULL arrive below: WG0 writes alpha_{k+1} only after its FULL wait
-                rescale(alpha_s[rowA], alpha_s[rowB]);
+                rescale_rows(o, alpha_s[rowA], alpha_s[rowB]);
                 pv_tile(tile);
                 if (k + 1 < ke) {
                     // tile k+1 (the only cp.async group in flight) -> visible to WG0's S wgmma; waited while
@@ -1014,17 +1016,8 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
         if constexpr (WG_PV) {
             // O rows of this thread = rowA / rowB (the D fragment of m64n256 and of the S wgmma agree), so alpha
             // is already in registers. The previous P V wgmma has retired (wgmma_wait0 below), so the
-            // accumulators can be scaled here, before B2; the running max rarely moves after the first tiles:
-            // skip the 128 multiplies when alpha == 1 for the whole warp.
-            if (__any_sync(0xffffffffu, (alA != 1.f) | (alB != 1.f))) {
-#pragma unroll
-                for (int j = 0; j < O_NT; ++j) {
-                    o[j][0] *= alA;
-                    o[j][1] *= alA;
-                    o[j][2] *= alB;
-                    o[j][3] *= alB;
-                }
-            }
+            // accumulators can be scaled here, before B2.
+            rescale_rows(o, alA, alB);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
             fence_proxy_async();  // this thread's P stores (generic proxy) -> visible to the P V wgmma (async proxy)
 #endif
