@@ -386,6 +386,17 @@ __device__ __forceinline__ void scale_mask_rowmax(Frag& f, int cq, int lim, bool
     mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
 }
 
+// Online softmax, one row: the running max m (log2 units) moves to max(m, mx), the tile's row max; returns alpha =
+// exp2(old m - new m), the factor for the row's earlier sums, and sets mu, the base of the tile's exp2(s - mu)
+// (0 while the row has no admissible key: p = 0, alpha = 0).
+__device__ __forceinline__ float move_max(float& m, float mx, float& mu) {
+    const float mn = fmaxf(m, mx);
+    mu = mn == NEG_INF ? 0.f : mn;
+    const float alpha = ex2(m - mu);
+    m = mn;
+    return alpha;
+}
+
 // O *= alpha per row (rowA: o[j][0..1], rowB: o[j][2..3] of the m64n256 fragment) after a running-max move; the
 // max rarely moves after the first tiles, so the 128 multiplies are skipped when alpha == 1 for the whole warp.
 __device__ __forceinline__ void rescale_rows(float (&o)[O_NT][4], float alA, float alB) {
@@ -632,12 +643,8 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
                 float mxA, mxB;
                 scale_mask_rowmax<PIPE_NT>(d, cq, tree ? N - j0 : plen - k * KV_T, tree, wA, wB, scale_log2e, mxA,
                                            mxB);
-                const float mnA = fmaxf(mA, mxA), mnB = fmaxf(mB, mxB);
-                const float muA = mnA == NEG_INF ? 0.f : mnA;  // a row with no key yet: p = 0, alpha = 0
-                const float muB = mnB == NEG_INF ? 0.f : mnB;
-                const float alA = ex2(mA - muA), alB = ex2(mB - muB);
-                mA = mnA;
-                mB = mnB;
+                float muA, muB;
+                const float alA = move_max(mA, mxA, muA), alB = move_max(mB, mxB, muB);
 
                 // P = exp2(s - m) -> bf16 into the rope block of tile k (64 rows x 128 B, chunk c of row r at
                 // c ^ (r & 7): the K-major 128-byte swizzle atom layout the P V wgmma reads); row sums in fp32
@@ -991,12 +998,8 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
             mxA = fmaxf(mxA, redmax[rowA * S_WN + w]);
             mxB = fmaxf(mxB, redmax[rowB * S_WN + w]);
         }
-        const float mnA = fmaxf(mA, mxA), mnB = fmaxf(mB, mxB);
-        const float muA = mnA == NEG_INF ? 0.f : mnA;  // a row with no key yet: p = 0, alpha = 0
-        const float muB = mnB == NEG_INF ? 0.f : mnB;
-        const float alA = ex2(mA - muA), alB = ex2(mB - muB);
-        mA = mnA;
-        mB = mnB;
+        float muA, muB;
+        const float alA = move_max(mA, mxA, muA), alB = move_max(mB, mxB, muB);
 
         // ---- P = exp2(s - m) -> bf16 smem; partial row sums in fp32
         float sumA = 0.f, sumB = 0.f;
