@@ -94,6 +94,25 @@
 //   Memory traffic: the logits once (R*vocab*4 or *2 bytes) + R*V*8 bytes of outputs + S*R*(8 + 8*VT)*2
 //   bytes of partials (negligible).
 //
+// Resident path, few rows, V <= 8: kdt_topk_resident_{f32,bf16}, where the launcher would run the cluster path
+// and the rows are 16-byte aligned (vocab a multiple of 4 f32 / 8 bf16) and a chunk is at most 16 vectors per
+// thread (sm_90: vocab <= 2^18 either dtype; sm_120: f32 vocab <= 131072).  The G=1 drafter shapes.
+//   launch: grid = R * S blocks (S = ROW_CLUSTER, one cluster per row), 256 threads, 10.8 KB static smem plus
+//   max(chunk bytes, S * 64 * 8) of dynamic smem (the chunk; block 0's survivors after it); no workspace.
+//   __launch_bounds__(256, 3): <= 80 registers (56-60 used, no spills), so three 16-block clusters fit per GPC
+//   (28 clusters resident on the H200; at 2 blocks per SM only 14 fit and a 15-row batch ran two waves).
+//   Per block: every cp.async of the chunk at once (vector i*256 + tid, in 4 commit groups), the online
+//   softmax group by group as they land, block barrier 1 for the warp maxima; the block bound is the smallest
+//   of them (8 distinct elements are >= it), the block's two best warp maxima go to block 0 at once, and every
+//   warp collects its elements >= the bound (each lane its next group that reaches it, one atomic per lane;
+//   ~20 per block on normal rows).  Block barrier 2, then the candidates (or, above 64, the block's exact top V
+//   by rank; above 256, by V rounds of a block-wide arg-best) and the block's (max, sum) go to block 0 as
+//   st.async stores that complete_tx on block 0's mbarrier; the block exits.  Block 0 takes its prune
+//   threshold t = the V-th largest of the 32 sent warp maxima (V distinct elements are >= t) as soon as they
+//   land, keeps the received candidates >= t (8-10 on normal rows), ranks them by counting and writes the row.
+//   The critical path is the last block's data, ~1 us of block work and ~1 us of block 0 (H200, K=15 f32).
+//   Memory traffic: the logits once + R*V*8 bytes of outputs.
+//
 // General path, any V <= 1024: kdt_topk_general_{f32,bf16}
 //   launch: grid = R blocks, 1024 threads, 16.4 KB static smem, no workspace.
 //   Exact radix select on the 50-bit composite  c = key << 18 | (2^18 - 1 - id)  (larger c = better; unique)
@@ -285,6 +304,10 @@ template <> struct Elem<float> {
         return make_float4(__uint_as_float(b.x), __uint_as_float(b.y), __uint_as_float(b.z), __uint_as_float(b.w));
     }
     __device__ static __forceinline__ VMax vmax(const Vec& v) { return fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)); }
+    // element e of vector `vector` of 16-byte vectors at `data` (shared memory)
+    __device__ static __forceinline__ float element(const uint4* data, int vector, int e) {
+        return reinterpret_cast<const float*>(data)[vector * W + e];
+    }
     __device__ static __forceinline__ VMax vmax2(VMax a, VMax b) { return fmaxf(a, b); }
     __device__ static __forceinline__ float vmax_float(VMax a) { return a; }
 };
@@ -317,6 +340,9 @@ template <> struct Elem<uint16_t> {
         return __uint_as_float((uint32_t)__ldg(reinterpret_cast<const unsigned short*>(p)) << 16);
     }
     __device__ static __forceinline__ Vec from_bits(const uint4& b) { return b; }
+    __device__ static __forceinline__ float element(const uint4* data, int vector, int e) {
+        return __uint_as_float((uint32_t)reinterpret_cast<const uint16_t*>(data)[vector * W + e] << 16);
+    }
     __device__ static __forceinline__ VMax vmax(const Vec& v) {
         return bf16x2_max(bf16x2_max(v.x, v.y), bf16x2_max(v.z, v.w));
     }
@@ -903,6 +929,419 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
     }
 }
 
+// ---- resident path (few rows, V <= RES_VT; see the header) ------------------------------------------------
+// One cluster of S = ROW_CLUSTER blocks of T = 256 threads per row (ResRow).  No scan loop, no per-warp lists,
+// no cluster barrier at the end: one bound, raw candidates, and byte-counted sends to block 0.
+constexpr int RES_VT = 8;              // largest V: the block bound is the smallest of >= V warp maxima
+constexpr int RES_GROUP = 4;           // vectors per commit group and softmax group (one warp vote for a rebase)
+constexpr int RES_GROUPS = 4;          // at most RES_GROUPS * RES_GROUP vectors per thread
+constexpr int RES_MAX_VECTORS = RES_GROUPS * RES_GROUP;
+static_assert(RES_GROUPS == 4, "cp_async_wait_upto");
+
+template <int CLUSTER, int THREADS>
+struct ResShape {
+    static constexpr int S = CLUSTER;
+    static constexpr int T = THREADS;
+    static constexpr int WARPS = T / 32;
+    static constexpr int MIN_BLOCKS = 768 / T;        // 256 threads: 3 blocks per SM (<= 80 registers)
+    static constexpr int SEND_CAP = T / 4;            // candidates a block sends as they are (~20 per 8 warps
+                                                      // on normal rows, 65 seen)
+    static constexpr int LOCAL_CAP = T;               // more: the block ranks up to this many itself
+    static constexpr int TOP_SENT = 32 / S;           // best warp maxima per block for block 0's prune threshold
+    static constexpr int RECV = S * SEND_CAP;         // block 0's receive slots
+    static constexpr int MIN_SMEM = RECV * 8;         // dynamic shared memory: the chunk, then block 0's survivors
+    static_assert(RES_VT <= WARPS && RES_VT <= TOP_SENT * S, "bounds from RES_VT distinct warp maxima");
+    static_assert(TOP_SENT * S == 32 && TOP_SENT <= WARPS, "one warp reads the sent maxima");
+    static_assert(RES_VT <= SEND_CAP && SEND_CAP <= LOCAL_CAP, "a block sends its top V at most");
+    static_assert(RECV % T == 0 && T % SEND_CAP == 0 && MIN_SMEM >= T * 16, "block 0 scans whole slot rows");
+};
+// Measured on the H200 against 8 blocks of 512 per row (one per SM): slower for every row count from 7 to 28.
+using ResRow = ResShape<ROW_CLUSTER, 256>;
+
+// cp.async.wait_group for a pending count known only after unrolling.
+__device__ __forceinline__ void cp_async_wait_upto(int pending) {
+    switch (pending) {
+        case 0: cp_async_wait<0>(); break;
+        case 1: cp_async_wait<1>(); break;
+        case 2: cp_async_wait<2>(); break;
+        default: cp_async_wait<3>(); break;
+    }
+}
+
+// Shared-memory atomic add without the compiler's warp aggregation (a shuffle scan per call): the few lanes
+// that reserve slots at once are serialised by the hardware instead.
+__device__ __forceinline__ uint32_t shared_add(uint32_t* counter, uint32_t value) {
+    uint32_t old;
+    asm volatile("atom.shared.add.u32 %0, [%1], %2;\n"
+                 : "=r"(old) : "r"((uint32_t)__cvta_generic_to_shared(counter)), "r"(value) : "memory");
+    return old;
+}
+
+// Block 0 receives over mbarriers that count bytes: the other blocks' st.async stores complete_tx on them
+// (fire and forget: unlike a release arrive or barrier.cluster.arrive.release, the sender never waits for its
+// remote stores to land), each sender announces its byte count with one relaxed expect_tx arrive, and block 0
+// waits (acquire, cluster scope) for phase 0.
+__device__ __forceinline__ uint32_t cluster_addr(const void* local, uint32_t rank) {
+    uint32_t there;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                 : "=r"(there) : "r"((uint32_t)__cvta_generic_to_shared(local)), "r"(rank));
+    return there;
+}
+__device__ __forceinline__ void st_async(uint32_t addr, uint32_t value, uint32_t bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];\n"
+                 ::"r"(addr), "r"(value), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void st_async(uint32_t addr, uint2 value, uint32_t bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.u32 [%0], {%1, %2}, [%3];\n"
+                 ::"r"(addr), "r"(value.x), "r"(value.y), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(count)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_expect_local(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 ::"r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_remote(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.relaxed.cluster.shared::cluster.b64 _, [%0], %1;\n"
+                 ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar) {
+    const uint32_t addr = (uint32_t)__cvta_generic_to_shared(bar);
+    uint32_t done = 0;
+    while (!done) {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(addr) : "memory");
+    }
+}
+
+// (key, id) of the best entry over a warp: the largest key, then the smallest id.
+__device__ __forceinline__ uint2 warp_best(uint32_t k, uint32_t i) {
+    const uint32_t best_k = __reduce_max_sync(FULL, k);
+    return make_uint2(best_k, __reduce_min_sync(FULL, k == best_k ? i : ~0u));
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(FULL, x, off);
+    return x;
+}
+
+template <typename Tin, typename Shape>
+__device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, int* __restrict__ top_ids,
+                                              float* __restrict__ top_logp, int vocab, int V, int chunk) {
+    using E = Elem<Tin>;
+    using Vec = typename E::Vec;
+    constexpr int VW = E::W;
+    constexpr int T = Shape::T;
+    constexpr int S = Shape::S;
+    constexpr int WARPS = Shape::WARPS;
+    constexpr int SEND_CAP = Shape::SEND_CAP;
+    constexpr int LOCAL_CAP = Shape::LOCAL_CAP;
+    constexpr int TOP_SENT = Shape::TOP_SENT;
+    constexpr uint32_t VEC_BYTES = 16;
+
+    // block 0's receive slots, written by every block of the cluster (block 0 too)
+    __shared__ uint2 r_cand[S][SEND_CAP];
+    __shared__ uint32_t r_count[S];
+    __shared__ __align__(16) uint32_t r_max[S * TOP_SENT];   // each block's TOP_SENT best warp maxima
+    __shared__ float r_m[S];
+    __shared__ float r_s[S];
+    __shared__ uint64_t r_max_ready;     // phase 0: all S * TOP_SENT r_max entries have landed
+    __shared__ uint64_t r_ready;         // phase 0: every block's candidates, count and statistics have landed
+    // the block's own
+    __shared__ uint2 s_cand[LOCAL_CAP];
+    __shared__ uint32_t s_count;
+    __shared__ uint32_t s_wkey[WARPS];
+    __shared__ float s_wsum[WARPS];
+    __shared__ uint32_t s_topk[RES_VT];
+    __shared__ uint32_t s_topi[RES_VT];
+    __shared__ uint2 s_pick[WARPS];
+    __shared__ float s_stat[2];
+    __shared__ uint32_t s_survivors;
+    extern __shared__ uint4 s_data[];    // the chunk (vector i*T + tid of the chunk at the same index); block 0's
+                                         // survivors once its chunk is done
+
+    // launcher bug guard (the same in every block, so a cluster returns as a whole)
+    if (V < 1 || V > RES_VT || chunk < 0 || chunk > RES_MAX_VECTORS * T * VW || chunk % VW != 0 || vocab % VW != 0)
+        return;
+    const int split = (int)(blockIdx.x % (unsigned)S);
+    if (split == 0 && threadIdx.x == 0) {
+        mbar_init(&r_max_ready, 1);
+        mbar_expect_local(&r_max_ready, S * TOP_SENT * sizeof(uint32_t));   // its one arrival: only bytes pend
+        mbar_init(&r_ready, S);                             // one expect_tx arrival per block
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    cluster_arrive_release();                               // waited for before the first remote access: every
+                                                            // block runs and block 0's mbarrier is initialised
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int row = (int)(blockIdx.x / (unsigned)S);
+    const int lo = min(split * chunk, vocab);
+    const int nvec = (min(lo + chunk, vocab) - lo) / VW;   // vocab and chunk are multiples of VW
+    const int nv = tid < nvec ? (nvec - tid + T - 1) / T : 0;   // this thread's vectors: i*T + tid, i < nv
+    const Vec* gp = reinterpret_cast<const Vec*>(logits + (size_t)row * (size_t)vocab + lo) + tid;
+    const uint32_t sp = (uint32_t)__cvta_generic_to_shared(s_data + tid);
+
+    // every copy at once, one commit group per RES_GROUP vectors (empty groups past the end keep the count)
+#pragma unroll
+    for (int g = 0; g < RES_GROUPS; ++g) {
+#pragma unroll
+        for (int u = 0; u < RES_GROUP; ++u) {
+            const int i = g * RES_GROUP + u;
+            if (i < nv) cp_async16(sp + (uint32_t)i * T * VEC_BYTES, gp + i * T);
+        }
+        cp_async_commit();
+    }
+    if (tid == 0) {
+        s_count = 0u;
+        s_survivors = 0u;
+    }
+
+    // online softmax statistics group by group as the copies land (each thread reads back only its own)
+    Softmax sm;
+    float gmax[RES_GROUPS];                                 // group maxima (-inf: none or all -inf)
+#pragma unroll
+    for (int g = 0; g < RES_GROUPS; ++g) gmax[g] = neg_inf();
+#pragma unroll
+    for (int g = 0; g < RES_GROUPS; ++g) {
+        if (g * RES_GROUP * T >= nvec) break;              // block-uniform
+        cp_async_wait_upto(RES_GROUPS - 1 - g);
+        Vec vg[RES_GROUP];
+#pragma unroll
+        for (int u = 0; u < RES_GROUP; ++u) {
+            const int i = g * RES_GROUP + u;
+            vg[u] = i < nv ? E::from_bits(lds128(sp + (uint32_t)i * T * VEC_BYTES)) : E::ninf_vec();
+        }
+        typename E::VMax vm[RES_GROUP];
+#pragma unroll
+        for (int u = 0; u < RES_GROUP; ++u) vm[u] = E::vmax(vg[u]);
+#pragma unroll
+        for (int w = 1; w < RES_GROUP; w <<= 1) {
+#pragma unroll
+            for (int u = 0; u + w < RES_GROUP; u += 2 * w) vm[u] = E::vmax2(vm[u], vm[u + w]);
+        }
+        const float gm = E::vmax_float(vm[0]);
+        gmax[g] = gm;
+        sm.m = fmaxf(sm.m, gm);
+        const bool rebase = sm.needs_rebase(gm);
+        if (__any_sync(FULL, rebase)) {
+            if (rebase) sm.rebase(gm);
+            sm.warp_fused = __all_sync(FULL, sm.fused());
+        }
+        if (sm.warp_fused) sm.s = fmaf(group_exp_sum<true, E>(vg, sm), sm.c, sm.s);
+        else sm.s += group_exp_sum<false, E>(vg, sm);
+    }
+    sm.finish();
+    float mx = gmax[0];
+#pragma unroll
+    for (int g = 1; g < RES_GROUPS; ++g) mx = fmaxf(mx, gmax[g]);
+
+    // warp maxima as keys (0: the warp holds no element)
+    const uint32_t wkey = __reduce_max_sync(FULL, nv > 0 ? f2key(mx) : 0u);
+    if (lane == 0) s_wkey[warp] = wkey;
+    __syncthreads();
+
+    // Block bound: the smallest warp maximum.  The WARPS >= V warp maxima are distinct elements >= it,
+    // so an element below it is not in the row's top V; 0 (a warp without elements) admits every element.
+    uint32_t bound = ~0u, top = 0u;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+        bound = min(bound, s_wkey[w]);
+        top = max(top, s_wkey[w]);
+    }
+    const float bf = bound ? key2f(bound) : neg_inf();
+    // The block's TOP_SENT best warp maxima go to block 0 now, so that its prune threshold is ready by the time
+    // the candidates have arrived: lane w of warp 0 ranks warp w's maximum (ties by warp), and the TOP_SENT
+    // best each send theirs (st.async on r_max_ready).
+    if (warp == 0) {
+        cluster_wait_acquire();                             // pairs the arrive at the start (warp-uniform)
+        if (lane < WARPS) {
+            const uint32_t k = s_wkey[lane];
+            int rank = 0;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) rank += (s_wkey[w] > k || (s_wkey[w] == k && w < lane)) ? 1 : 0;
+            if (rank < TOP_SENT)
+                st_async(cluster_addr(&r_max[split * TOP_SENT + rank], 0u), k, cluster_addr(&r_max_ready, 0u));
+        }
+    }
+    // the block's statistics in the base of its maximum (m <= block_max; both >= -FLT_MAX: no inf - inf)
+    const float block_max = fmaxf(top ? key2f(top) : -FLT_MAX, -FLT_MAX);
+    const float wsum = warp_sum(sm.s * ex2((sm.m - block_max) * LOG2E));
+    if (lane == 0) s_wsum[warp] = wsum;
+
+    // Candidates: the elements >= bf of the groups whose maximum reaches it.  Every warp holds at least one
+    // (its maximum), so the warp works together: per pass each lane takes its next such group (the four
+    // vectors at once), reserves its slots with one atomic and writes its few candidates.
+    uint32_t groups = 0;
+#pragma unroll
+    for (int g = 0; g < RES_GROUPS; ++g) groups |= (nv > 0 && gmax[g] >= bf ? 1u : 0u) << g;
+    static_assert(RES_GROUP * VW <= 32, "one pass bit per element of a group");
+    while (__any_sync(FULL, groups != 0u)) {
+        const int g = groups ? __ffs(groups) - 1 : 0;
+        const bool active = groups != 0u;
+        groups &= groups - 1u;
+        uint32_t pass = 0;
+#pragma unroll
+        for (int u = 0; u < RES_GROUP; ++u) {
+            // all four loads at once: an index past the thread's vectors reads a real slot (at most
+            // T - 1 < MIN_SMEM / 16) and is masked
+            const int i = g * RES_GROUP + u;
+            float x[VW];
+            E::unpack(E::from_bits(s_data[max(min(i, nv - 1), 0) * T + tid]), x);   // its own copy: visible
+            uint32_t bits = 0;
+#pragma unroll
+            for (int e = 0; e < VW; ++e) bits |= (x[e] >= bf ? 1u : 0u) << e;
+            pass |= (active && i < nv ? bits : 0u) << (u * VW);
+        }
+        if (pass) {
+            uint32_t slot = shared_add(&s_count, (uint32_t)__popc(pass));
+            do {
+                const int bit = __ffs(pass) - 1;
+                pass &= pass - 1u;
+                const int i = g * RES_GROUP + bit / VW;
+                const int e = bit % VW;
+                if (slot < (uint32_t)LOCAL_CAP)
+                    s_cand[slot] = make_uint2(f2key(E::element(s_data, i * T + tid, e)),
+                                              (uint32_t)(lo + (i * T + tid) * VW + e));
+                ++slot;
+            } while (pass);
+        }
+    }
+    __syncthreads();
+
+    // what the block sends: its candidates, or when there are too many its exact top V
+    uint32_t n = s_count;
+    const bool ranked = n > (uint32_t)SEND_CAP;         // block-uniform
+    if (ranked) {
+        if (n <= (uint32_t)LOCAL_CAP) {
+            place_by_rank(s_cand, n, (uint32_t)tid, (uint32_t)T, (uint32_t)V, s_topk, s_topi);
+        } else {
+            // (ties over a whole chunk, adversarial orders) V rounds of a block-wide best below the last pick
+            uint32_t pk = ~0u, pi = 0u;                     // above every element
+            for (int r = 0; r < V; ++r) {
+                uint32_t ck = 0u, ci = ~0u;
+                for (int i = 0; i < nv; ++i) {
+                    float x[VW];
+                    E::unpack(E::from_bits(lds128(sp + (uint32_t)i * T * VEC_BYTES)), x);
+#pragma unroll
+                    for (int e = 0; e < VW; ++e) {
+                        const uint32_t k = f2key(x[e]);
+                        const uint32_t id = (uint32_t)(lo + (i * T + tid) * VW + e);
+                        if (better(pk, pi, k, id) && better(k, id, ck, ci)) { ck = k; ci = id; }
+                    }
+                }
+                const uint2 wb = warp_best(ck, ci);
+                if (lane == 0) s_pick[warp] = wb;
+                __syncthreads();
+                pk = 0u;
+                pi = ~0u;
+#pragma unroll
+                for (int w = 0; w < WARPS; ++w) {
+                    const uint2 c = s_pick[w];
+                    if (better(c.x, c.y, pk, pi)) { pk = c.x; pi = c.y; }
+                }
+                if (tid == 0) { s_topk[r] = pk; s_topi[r] = pi; }
+                __syncthreads();                            // s_pick is rewritten in the next round
+            }
+        }
+        __syncthreads();
+        n = (uint32_t)V;                                    // n > SEND_CAP >= V elements: all V slots real
+    }
+
+    if (warp != 0) cluster_wait_acquire();                  // pairs the arrive at the start (warp 0: above)
+    const uint32_t ready = cluster_addr(&r_ready, 0u);
+    if (tid < (int)n)
+        st_async(cluster_addr(&r_cand[split][tid], 0u), ranked ? make_uint2(s_topk[tid], s_topi[tid]) : s_cand[tid],
+                 ready);
+    if (tid == 0) {
+        float block_sum = 0.0f;                             // in warp order: the same bits in every run
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) block_sum += s_wsum[w];
+        st_async(cluster_addr(&r_count[split], 0u), n, ready);
+        st_async(cluster_addr(&r_m[split], 0u), __float_as_uint(block_max), ready);
+        st_async(cluster_addr(&r_s[split], 0u), __float_as_uint(block_sum), ready);
+        constexpr uint32_t STATS_BYTES = 3 * sizeof(uint32_t);   // count, max, sum
+        mbar_expect_remote(ready, n * (uint32_t)sizeof(uint2) + STATS_BYTES);
+    }
+    // every block but block 0 is done (block 0 outlives the stores: it waits for all of them to land)
+    if (split != 0) return;
+
+    // ---- block 0: the prune threshold t = the V-th largest sent warp maximum (V distinct elements are >= it, so
+    // no element below it is in the top V); every warp computes it for itself from broadcast shared loads
+    // (eight warps of shuffles would queue on the SM's shuffle unit)
+    static_assert(S * TOP_SENT == 32, "one sent maximum per lane");
+    mbar_wait_cluster(&r_max_ready);
+    uint32_t t;
+    {
+        const uint32_t k = r_max[lane];
+        int above = 0;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) above += r_max[j] > k ? 1 : 0;
+        t = __reduce_min_sync(FULL, above < V ? k : ~0u);
+    }
+    mbar_wait_cluster(&r_ready);
+    // the received candidates >= t, each thread Shape::RECV / T slots, one atomic per thread
+    uint2* s_surv = reinterpret_cast<uint2*>(s_data);      // block 0's chunk is done with
+    constexpr int SLOTS = Shape::RECV / T;
+    uint2 c[SLOTS];
+    uint32_t keep = 0;
+#pragma unroll
+    for (int it = 0; it < SLOTS; ++it) {
+        const int e = tid + it * T;
+        const int b = e / SEND_CAP;
+        const int j = e - b * SEND_CAP;
+        const bool real = j < (int)r_count[b];
+        c[it] = real ? r_cand[b][j] : make_uint2(0u, 0u);
+        keep |= (real && c[it].x >= t ? 1u : 0u) << it;
+    }
+    if (keep) {
+        uint32_t slot = shared_add(&s_survivors, (uint32_t)__popc(keep));
+#pragma unroll
+        for (int it = 0; it < SLOTS; ++it) {
+            if (keep >> it & 1u) s_surv[slot++] = c[it];
+        }
+    }
+    if (warp == 1) {                                        // the row's statistics: sum in the base of its maximum
+        const float bm = lane < S ? r_m[lane] : -FLT_MAX;
+        const float row_max = key2f(__reduce_max_sync(FULL, f2key(bm)));
+        const float sum = warp_sum(lane < S ? r_s[lane] * ex2((bm - row_max) * LOG2E) : 0.0f);
+        if (lane == 0) { s_stat[0] = row_max; s_stat[1] = logf(sum); }
+    }
+    __syncthreads();
+    // the survivors hold the row's top V (at least V of them): rank them and write the outputs
+    const uint32_t survivors = s_survivors;
+    const float row_max = s_stat[0];
+    const float lsum = s_stat[1];
+    const size_t out = (size_t)row * V;
+    if (survivors <= 32u) {
+        if (warp == 0 && lane < (int)survivors) {
+            const uint2 mine = s_surv[lane];
+            uint32_t rank = 0;
+#pragma unroll
+            for (int j = 0; j < 32; ++j) {
+                if (j < (int)survivors) {
+                    const uint2 o = s_surv[j];
+                    rank += better(o.x, o.y, mine.x, mine.y) ? 1u : 0u;
+                }
+            }
+            if (rank < (uint32_t)V) {
+                top_ids[out + rank] = (int)mine.y;
+                top_logp[out + rank] = (key2f(mine.x) - row_max) - lsum;
+            }
+        }
+    } else {                                                // ties at t
+        place_by_rank(s_surv, survivors, (uint32_t)tid, (uint32_t)T, (uint32_t)V, s_topk, s_topi);
+        __syncthreads();
+        if (tid < V) {
+            top_ids[out + tid] = (int)s_topi[tid];
+            top_logp[out + tid] = (key2f(s_topk[tid]) - row_max) - lsum;
+        }
+    }
+}
+
 // ---- general path ---------------------------------------------------------------------------------------
 __device__ __forceinline__ unsigned long long comp(float x, int id) {
     return ((unsigned long long)f2key(x) << ID_BITS) | (unsigned long long)(ID_MASK - (uint32_t)id);
@@ -1114,6 +1553,11 @@ extern "C" __constant__ int kdt_topk_max_v = MAX_V;
 extern "C" __constant__ int kdt_topk_max_vocab = MAX_VOCAB;
 extern "C" __constant__ int kdt_topk_small_stage_bytes = SMALL_STAGE_BYTES;
 extern "C" __constant__ int kdt_topk_cluster_size = ROW_CLUSTER;
+extern "C" __constant__ int kdt_topk_resident_max_v = RES_VT;
+extern "C" __constant__ int kdt_topk_resident_max_vectors = RES_MAX_VECTORS;
+extern "C" __constant__ int kdt_topk_resident_min_smem = ResRow::MIN_SMEM;
+extern "C" __constant__ int kdt_topk_resident_cluster = ResRow::S;
+extern "C" __constant__ int kdt_topk_resident_threads = ResRow::T;
 
 // ---- entry points ---------------------------------------------------------------------------------------
 #define KDT_TOPK_SMALL_ENTRY(NAME, TIN, VT, CLUSTER)                                                        \
@@ -1140,6 +1584,16 @@ KDT_TOPK_SMALL(bf16, uint16_t, 4)
 KDT_TOPK_SMALL(bf16, uint16_t, 8)
 KDT_TOPK_SMALL(bf16, uint16_t, 16)
 KDT_TOPK_SMALL(bf16, uint16_t, 32)
+
+// kdt_topk_resident_<dtype>: one cluster of ResRow::S blocks per row, the chunk in dynamic shared memory.
+#define KDT_TOPK_RESIDENT(NAME, SHAPE, TIN)                                                                 \
+    extern "C" __global__ void __cluster_dims__(SHAPE::S, 1, 1) __launch_bounds__(SHAPE::T, SHAPE::MIN_BLOCKS) \
+    NAME(const TIN* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp, int vocab,   \
+         int V, int chunk) {                                                                               \
+        resident_impl<TIN, SHAPE>(logits, top_ids, top_logp, vocab, V, chunk);                              \
+    }
+KDT_TOPK_RESIDENT(kdt_topk_resident_f32, ResRow, float)
+KDT_TOPK_RESIDENT(kdt_topk_resident_bf16, ResRow, uint16_t)
 
 extern "C" __global__ void __launch_bounds__(GEN_THREADS, 1)
 kdt_topk_general_f32(const float* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp,

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from kdt.dtypes import to_bf16
 from kdt.stages import topk as stage
+from kdt.stages._util import drafter_logits
 from refs.errors import BadInput
 from refs.topk import topk
 
@@ -87,6 +88,11 @@ def test_kernel_matches_reference_on_random_inputs(seed):
     assert_random_case_passes("topk", seed)
 
 
+# kernels/topk.cu's resident-path constants on sm_90 (the launcher reads them from the module)
+SM90_RESIDENT = {"resident_cluster": 16, "resident_threads": 256, "resident_max_vectors": 16,
+                 "resident_min_smem": 16 * 64 * 8}
+
+
 def long_rows(vocab: int, seed: int) -> np.ndarray:
     """Eleven rows that each stress the candidate gate of a block that scans a whole row: normal logits, a
     strictly ascending row (every step holds new maxima), a descending one, one value everywhere, a 0.5 grid
@@ -152,6 +158,7 @@ def test_kernel_split_rows_on_adversarial_rows(bf16, k, merge, monkeypatch):
 
     if merge == "workspace":
         monkeypatch.setattr(launcher, "CLUSTER_MIN_SPLITS", launcher.MAX_SPLITS + 1)
+    monkeypatch.setattr(launcher, "RESIDENT_PATH", False)     # the plain cluster path (also at k <= 8)
     monkeypatch.setattr(ops, "_workspaces", {})
     vocab = 163840 + 7
     logits = long_rows(vocab, seed=k + 100)
@@ -160,6 +167,84 @@ def test_kernel_split_rows_on_adversarial_rows(bf16, k, merge, monkeypatch):
     case = stage._case(f"split_rows_k{k}", "rows split over blocks", k, k, to_bf16(logits) if bf16 else logits)
     result = verify.verify_fresh(stages.get("topk"), case)
     assert result.passed, [(f.name, f.mismatches, f.diffs[:2]) for f in result.fields if not f.ok]
+
+
+def _resident_case_passes(case):
+    """Verify `case`, which the launcher runs on the resident variant of the cluster path."""
+    import kdt.launch.topk as launcher
+    from kdt import runtime, stages, verify
+    from kdt.launch.common import sm_count
+
+    logits = case.inputs["logits"]
+    _, depth, vocab = logits.shape
+    rows = logits.shape[0] * depth
+    assert launcher.uses_cluster(launcher.plan(rows, vocab, case.params["k"], sm_count())[1])
+    arch = launcher._arch(runtime.load("topk"))
+    blocks, threads = arch["resident_cluster"], arch["resident_threads"]
+    dtype = "f32" if logits.dtype == np.float32 else "bf16"
+    assert launcher.resident_smem(vocab, case.params["k"], dtype, blocks, threads, arch, 0) is not None
+    result = verify.verify_fresh(stages.get("topk"), case)
+    assert result.passed, [(f.name, f.mismatches, f.diffs[:2]) for f in result.fields if not f.ok]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("k", [1, 5, 8])
+def test_kernel_resident_cluster_on_adversarial_rows(bf16, k):
+    """The resident variant of the cluster path (each block holds its whole chunk in shared memory and sends its
+    raw candidates to block 0) on the rows above with an aligned vocabulary.  In the ascending and constant rows
+    nearly every element of a block passes its bound (the smallest warp maximum), more than a block can hold, so
+    those blocks send their exact top V from V rounds of a block-wide best."""
+    logits = long_rows(163840, seed=k + 200)
+    case = stage._case(f"resident_k{k}", "resident cluster rows", k, k, to_bf16(logits) if bf16 else logits)
+    _resident_case_passes(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("vocab", [65536, 65544, 131072 + 64, 262144])
+def test_kernel_resident_cluster_chunk_shapes(bf16, vocab):
+    """Chunks that fill a thread's vectors exactly (65536 f32 narrow: 4 per thread), leave part of a softmax
+    group or of a vector row empty (65544: a short last block), and the widest vocabulary; drafter rows and
+    ties."""
+    logits = drafter_logits(np.random.default_rng(vocab), 2, 5, vocab)
+    logits[1] = np.round(logits[1] * 4) / 4
+    case = stage._case(f"resident_vocab{vocab}", "resident chunk shapes", vocab, 8, to_bf16(logits) if bf16 else logits)
+    _resident_case_passes(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bf16", [False, True])
+def test_kernel_resident_cluster_blocks_rank_their_own_ties(bf16):
+    """One block whose chunk holds 100 copies of the row maximum (more candidates than a block sends, fewer than
+    it holds: it sends its top V by rank) and one with 300 (more than it holds: V rounds); ties by smaller id."""
+    rng = np.random.default_rng(7)
+    vocab = 163840
+    logits = (rng.standard_normal((1, 2, vocab)) * 1.5).astype(np.float32)
+    chunk = vocab // 16                                   # the sm_90 cluster's split (10240 columns per block)
+    for row, (block, ties) in enumerate([(3, 100), (5, 300)]):
+        columns = block * chunk + rng.choice(chunk, ties, replace=False)
+        logits[0, row, columns] = 16.0                    # exact in bf16, above every other logit
+    case = stage._case(f"resident_ties_{'bf16' if bf16 else 'f32'}", "one block of tied maxima", 8, 8,
+                       to_bf16(logits) if bf16 else logits)
+    _resident_case_passes(case)
+
+
+def test_resident_variant_applies_to_aligned_rows_that_fit():
+    import kdt.launch.topk as launcher
+
+    def fits(vocab, k, dtype, address=0, cluster=16, threads=256):
+        return launcher.resident_smem(vocab, k, dtype, cluster, threads, SM90_RESIDENT, address)
+
+    assert fits(163840, 8, "f32") == 40960                     # 10 vectors per thread
+    assert fits(163840, 8, "bf16") == 20480                    # 5
+    assert fits(65536, 8, "bf16", 256) == 8192                 # the survivors' minimum
+    assert fits(262144, 8, "f32") == 65536                     # 16: the most
+    assert fits(163840, 9, "f32") is None                      # V above RESIDENT_MAX_V
+    assert fits(163842, 8, "f32") is None                      # rows not 16-byte aligned
+    assert fits(163840, 8, "bf16", 8) is None                  # base not 16-byte aligned
+    assert fits(163840, 8, "f32", cluster=8) is None           # sm_120's 8-block clusters: 20 vectors per thread
+    assert fits(163840, 8, "bf16", cluster=8) == 40960
 
 
 def test_few_rows_merge_in_a_cluster_without_workspace():

@@ -11,7 +11,11 @@ Paths (see the header of kernels/topk.cu):
     number of rows and SMs: few rows -> about one wave of blocks, many rows -> a few blocks per row.
     When that plan splits a row over >= CLUSTER_MIN_SPLITS blocks (few rows), ``kdt_topk_cluster_*`` runs
     instead: one cluster of C blocks per row (the cubin's kdt_topk_cluster_size: 16 on sm_90, 8 on sm_120),
-    merged over distributed shared memory.
+    merged over distributed shared memory.  Where V <= RESIDENT_MAX_V, the rows are 16-byte aligned (vocab a
+    multiple of the elements per 16-byte vector) and a block's chunk fits its shared memory, the cluster runs
+    ``kdt_topk_resident_{f32,bf16}`` instead (kdt_topk_resident_cluster blocks of kdt_topk_resident_threads per
+    row): each block copies its whole chunk into shared memory at once (dynamic shared memory: the chunk, at
+    least the kernel's kdt_topk_resident_min_smem).
   * V > 32: ``kdt_topk_general_{f32,bf16}``, one 1024-thread block per row, no workspace.
 
 Workspace (only when 1 < S < CLUSTER_MIN_SPLITS), byte offsets, each part padded to 256 bytes:
@@ -49,6 +53,11 @@ CHUNK_ALIGN = 64       # chunk is a multiple of this many columns
 # Few rows: when the plan splits a row over at least CLUSTER_MIN_SPLITS blocks, one cluster of blocks per row
 # merges over distributed shared memory instead (no workspace, no last-block round trip through global memory).
 CLUSTER_MIN_SPLITS = 8
+# The resident variant of the cluster path (see launch): V <= RESIDENT_MAX_V, 16-byte aligned rows, at most the
+# kernel's kdt_topk_resident_max_vectors 16-byte vectors per thread.  RESIDENT_PATH off: the plain cluster path.
+RESIDENT_PATH = True
+RESIDENT_MAX_V = 8
+VECTOR_ELEMENTS = {"f32": 4, "bf16": 8}      # elements per 16-byte vector
 PORTABLE_CLUSTER = 8     # larger clusters need the function's opt-in below
 _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14   # CUfunction_attribute
 
@@ -60,9 +69,13 @@ _CONSTS = {
     "kdt_topk_general_threads": GENERAL_THREADS,
     "kdt_topk_max_v": MAX_V,
     "kdt_topk_max_vocab": MAX_VOCAB,
+    "kdt_topk_resident_max_v": RESIDENT_MAX_V,
 }
 # Per-arch launch facts, read from the module: the small path's dynamic smem and the cluster path's blocks per row.
-ARCH_CONSTANTS = {"stage_bytes": "kdt_topk_small_stage_bytes", "cluster": "kdt_topk_cluster_size"}
+ARCH_CONSTANTS = {"stage_bytes": "kdt_topk_small_stage_bytes", "cluster": "kdt_topk_cluster_size",
+                  "resident_cluster": "kdt_topk_resident_cluster", "resident_threads": "kdt_topk_resident_threads",
+                  "resident_max_vectors": "kdt_topk_resident_max_vectors",
+                  "resident_min_smem": "kdt_topk_resident_min_smem"}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -105,6 +118,24 @@ def cluster_size(S: int, compiled: int) -> int:
     """Blocks per row of the cluster path for a plan of S splits, with `compiled` the cubin's cluster size
     (0: the plan's split stands)."""
     return compiled if uses_cluster(S) else 0
+
+
+def cluster_chunk(vocab: int, cluster: int) -> int:
+    """Columns per block of the cluster path (a multiple of CHUNK_ALIGN)."""
+    return _cdiv(_cdiv(vocab, cluster), CHUNK_ALIGN) * CHUNK_ALIGN
+
+
+def resident_smem(vocab: int, V: int, dtype: str, cluster: int, threads: int, arch: dict[str, int],
+                  address: int) -> int | None:
+    """Dynamic shared memory of the resident variant for rows of `vocab` logits at `address` split over
+    `cluster` blocks of `threads`, or None where it does not apply (the plain cluster path runs)."""
+    width = VECTOR_ELEMENTS[dtype]
+    if not RESIDENT_PATH or V > RESIDENT_MAX_V or vocab % width or address % 16:
+        return None
+    vectors = cluster_chunk(vocab, cluster) // width
+    if vectors > arch["resident_max_vectors"] * threads:
+        return None
+    return max(vectors * 16, arch["resident_min_smem"])
 
 
 def _ws_bytes(rows: int, S: int, vt: int | None) -> int:
@@ -184,12 +215,21 @@ def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None
     cluster = cluster_size(S, arch["cluster"])
     attributes = None
     if cluster:
+        blocks, threads = arch["resident_cluster"], arch["resident_threads"]
+        smem = resident_smem(vocab, V, sfx, blocks, threads, arch, int(logits.data.ptr))
+        if smem is not None:
+            attributes = {_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: 1} if blocks > PORTABLE_CLUSTER else None
+            fn = kernel_function(module, f"kdt_topk_resident_{sfx}", smem, attributes)
+            fn((rows * blocks,), (threads,),
+               (logits, top_ids, top_logp, np.int32(vocab), np.int32(V), np.int32(cluster_chunk(vocab, blocks))),
+               shared_mem=smem)
+            return
         S = cluster
-        chunk = _cdiv(_cdiv(vocab, S), CHUNK_ALIGN) * CHUNK_ALIGN
-        name = f"kdt_topk_cluster_{sfx}_v{vt}"
-        ws = np.uint64(0)  # the cluster merges in shared memory: no workspace
+        chunk = cluster_chunk(vocab, S)
         if cluster > PORTABLE_CLUSTER:
             attributes = {_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: 1}
+        name = f"kdt_topk_cluster_{sfx}_v{vt}"
+        ws = np.uint64(0)  # the cluster merges in shared memory: no workspace
     else:
         name = f"kdt_topk_small_{sfx}_v{vt}"
         need = _ws_bytes(rows, S, vt)
