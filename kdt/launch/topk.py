@@ -57,6 +57,7 @@ CLUSTER_MIN_SPLITS = 8
 # kernel's kdt_topk_resident_max_vectors 16-byte vectors per thread.  RESIDENT_PATH off: the plain cluster path.
 RESIDENT_PATH = True
 RESIDENT_MAX_V = 8
+VECTOR_BYTES = 16                            # the resident variant's loads and its row alignment
 VECTOR_ELEMENTS = {"f32": 4, "bf16": 8}      # elements per 16-byte vector
 PORTABLE_CLUSTER = 8     # larger clusters need the function's opt-in below
 _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14   # CUfunction_attribute
@@ -71,7 +72,8 @@ _CONSTS = {
     "kdt_topk_max_vocab": MAX_VOCAB,
     "kdt_topk_resident_max_v": RESIDENT_MAX_V,
 }
-# Per-arch launch facts, read from the module: the small path's dynamic smem and the cluster path's blocks per row.
+# Per-arch launch facts, read from the module: the small path's dynamic smem, the cluster path's blocks per row,
+# and the resident variant's blocks per row, threads, vectors per thread and least dynamic smem.
 ARCH_CONSTANTS = {"stage_bytes": "kdt_topk_small_stage_bytes", "cluster": "kdt_topk_cluster_size",
                   "resident_cluster": "kdt_topk_resident_cluster", "resident_threads": "kdt_topk_resident_threads",
                   "resident_max_vectors": "kdt_topk_resident_max_vectors",
@@ -130,12 +132,12 @@ def resident_smem(vocab: int, V: int, dtype: str, cluster: int, threads: int, ar
     """Dynamic shared memory of the resident variant for rows of `vocab` logits at `address` split over
     `cluster` blocks of `threads`, or None where it does not apply (the plain cluster path runs)."""
     width = VECTOR_ELEMENTS[dtype]
-    if not RESIDENT_PATH or V > RESIDENT_MAX_V or vocab % width or address % 16:
+    if not RESIDENT_PATH or V > RESIDENT_MAX_V or vocab % width or address % VECTOR_BYTES:
         return None
     vectors = cluster_chunk(vocab, cluster) // width
     if vectors > arch["resident_max_vectors"] * threads:
         return None
-    return max(vectors * 16, arch["resident_min_smem"])
+    return max(vectors * VECTOR_BYTES, arch["resident_min_smem"])
 
 
 def _ws_bytes(rows: int, S: int, vt: int | None) -> int:
