@@ -218,6 +218,12 @@ __device__ __forceinline__ bool better(uint32_t ka, uint32_t ia, uint32_t kb, ui
     return ka > kb || (ka == kb && ia < ib);
 }
 
+// (key, id) of the best entry over a warp: the largest key, then the smallest id.
+__device__ __forceinline__ uint2 warp_best(uint32_t k, uint32_t i) {
+    const uint32_t best_k = __reduce_max_sync(FULL, k);
+    return make_uint2(best_k, __reduce_min_sync(FULL, k == best_k ? i : ~0u));
+}
+
 // (m, s) <- (m, s) (+) (om, os), both meaning s * exp(. - m); m finite (>= -FLT_MAX) so no inf - inf.
 __device__ __forceinline__ void stat_merge(float& m, float& s, float om, float os) {
     const float M = fmaxf(m, om);
@@ -251,16 +257,19 @@ __device__ __forceinline__ void fold_stats(const float* p_m, const float* p_s, i
     if (lane == 0) { s_stat[0] = bm; s_stat[1] = bs; }
 }
 
-// Thread-block clusters (sm_90+): the block's rank, the cluster-wide barrier halves, and a 32-bit store into
-// another block's shared memory at the address `local` has in this block.
+// Thread-block clusters (sm_90+): the cluster-wide barrier halves, the address in block `rank`'s shared memory
+// of what `local` is in this block (cluster_addr), and a 32-bit store there.
 __device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void store_to_block(const void* local, uint32_t rank, uint32_t value) {
-    const uint32_t here = (uint32_t)__cvta_generic_to_shared(local);
+__device__ __forceinline__ uint32_t cluster_addr(const void* local, uint32_t rank) {
     uint32_t there;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(there) : "r"(here), "r"(rank));
-    asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(there), "r"(value) : "memory");
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                 : "=r"(there) : "r"((uint32_t)__cvta_generic_to_shared(local)), "r"(rank));
+    return there;
+}
+__device__ __forceinline__ void store_to_block(const void* local, uint32_t rank, uint32_t value) {
+    asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(cluster_addr(local, rank)), "r"(value) : "memory");
 }
 
 // a[e] for a runtime e without local memory (a select chain over the registers).
@@ -495,6 +504,27 @@ __device__ __forceinline__ float group_exp_sum(const typename E::Vec (&v)[NV], c
     return tree_sum(ev);
 }
 
+// The largest element of a group (a pairwise tree over its vectors: short dependency chains).
+template <typename E, int NV>
+__device__ __forceinline__ float group_max(const typename E::Vec (&v)[NV]) {
+    typename E::VMax vm[NV];
+#pragma unroll
+    for (int u = 0; u < NV; ++u) vm[u] = E::vmax(v[u]);
+#pragma unroll
+    for (int w = 1; w < NV; w <<= 1) {
+#pragma unroll
+        for (int u = 0; u + w < NV; u += 2 * w) vm[u] = E::vmax2(vm[u], vm[u + w]);
+    }
+    return E::vmax_float(vm[0]);
+}
+
+// s += the group's exponentials in the base b, in the warp's mode.
+template <typename E, int NV>
+__device__ __forceinline__ void add_group(Softmax& sm, const typename E::Vec (&v)[NV]) {
+    if (sm.warp_fused) sm.s = fmaf(group_exp_sum<true, E>(v, sm), sm.c, sm.s);
+    else sm.s += group_exp_sum<false, E>(v, sm);
+}
+
 // One group of NV vectors of E::W elements per lane (vector u holds the ids base0 + u*SMALL_USTRIDE*W + e):
 // online softmax statistics + candidate collection.  Invalid vectors hold -inf (harmless for the statistics)
 // and are excluded from selection by valid[].
@@ -503,15 +533,7 @@ __device__ __forceinline__ void process_group(const typename E::Vec (&v)[NV], co
                                               Softmax& sm, Gate& g, uint2* buf, uint32_t* cnt,
                                               uint32_t* out_k, uint32_t* out_i, int lane) {
     constexpr int VW = E::W;
-    typename E::VMax vm[NV];
-#pragma unroll
-    for (int u = 0; u < NV; ++u) vm[u] = E::vmax(v[u]);
-#pragma unroll
-    for (int w = 1; w < NV; w <<= 1) {                    // pairwise: short dependency chains
-#pragma unroll
-        for (int u = 0; u + w < NV; u += 2 * w) vm[u] = E::vmax2(vm[u], vm[u + w]);
-    }
-    const float gm = E::vmax_float(vm[0]);
+    const float gm = group_max<E>(v);
     sm.m = fmaxf(sm.m, gm);
 
     // The rare work of a group, behind one warp vote: candidates (some lane has gm >= gf) and the rescale
@@ -553,8 +575,7 @@ __device__ __forceinline__ void process_group(const typename E::Vec (&v)[NV], co
         sm.warp_fused = __all_sync(FULL, sm.fused());     // b changes only here
     }
 
-    if (sm.warp_fused) sm.s = fmaf(group_exp_sum<true, E>(v, sm), sm.c, sm.s);
-    else sm.s += group_exp_sum<false, E>(v, sm);
+    add_group<E>(sm, v);
 }
 
 // Top-VT of L sorted lists (lists[l*VT .. l*VT+VT-1], best first, empty slots (0, ~0) last) -> ok/oi[0..VT).
@@ -609,9 +630,9 @@ __device__ __forceinline__ void pruned_merge(const uint32_t* lk, const uint32_t*
         const uint32_t k = lk[l * VT + V - 1], i = li[l * VT + V - 1];
         if (better(k, i, tk, ti)) { tk = k; ti = i; }
     }
-    const uint32_t best_k = __reduce_max_sync(FULL, tk);
-    ti = __reduce_min_sync(FULL, tk == best_k ? ti : ~0u);
-    tk = best_k;
+    const uint2 best = warp_best(tk, ti);
+    tk = best.x;
+    ti = best.y;
     for (int e = tid; e < L * VT; e += nthreads) {
         const int pos = e % VT;
         const uint32_t k = lk[e], i = li[e];
@@ -930,7 +951,7 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
 }
 
 // ---- resident path (few rows, V <= RES_VT; see the header) ------------------------------------------------
-// One cluster of S = ROW_CLUSTER blocks of T = 256 threads per row (ResRow).  No scan loop, no per-warp lists,
+// One cluster of S = RES_CLUSTER blocks of T = RES_THREADS threads per row.  No scan loop, no per-warp lists,
 // no cluster barrier at the end: one bound, raw candidates, and byte-counted sends to block 0.
 constexpr int RES_VT = 8;              // largest V: the block bound is the smallest of >= V warp maxima
 constexpr int RES_GROUP = 4;           // vectors per commit group and softmax group (one warp vote for a rebase)
@@ -938,25 +959,22 @@ constexpr int RES_GROUPS = 4;          // at most RES_GROUPS * RES_GROUP vectors
 constexpr int RES_MAX_VECTORS = RES_GROUPS * RES_GROUP;
 static_assert(RES_GROUPS == 4, "cp_async_wait_upto");
 
-template <int CLUSTER, int THREADS>
-struct ResShape {
-    static constexpr int S = CLUSTER;
-    static constexpr int T = THREADS;
-    static constexpr int WARPS = T / 32;
-    static constexpr int MIN_BLOCKS = 768 / T;        // 256 threads: 3 blocks per SM (<= 80 registers)
-    static constexpr int SEND_CAP = T / 4;            // candidates a block sends as they are (~20 per 8 warps
-                                                      // on normal rows, 65 seen)
-    static constexpr int LOCAL_CAP = T;               // more: the block ranks up to this many itself
-    static constexpr int TOP_SENT = 32 / S;           // best warp maxima per block for block 0's prune threshold
-    static constexpr int RECV = S * SEND_CAP;         // block 0's receive slots
-    static constexpr int MIN_SMEM = RECV * 8;         // dynamic shared memory: the chunk, then block 0's survivors
-    static_assert(RES_VT <= WARPS && RES_VT <= TOP_SENT * S, "bounds from RES_VT distinct warp maxima");
-    static_assert(TOP_SENT * S == 32 && TOP_SENT <= WARPS, "one warp reads the sent maxima");
-    static_assert(RES_VT <= SEND_CAP && SEND_CAP <= LOCAL_CAP, "a block sends its top V at most");
-    static_assert(RECV % T == 0 && T % SEND_CAP == 0 && MIN_SMEM >= T * 16, "block 0 scans whole slot rows");
-};
-// Measured on the H200 against 8 blocks of 512 per row (one per SM): slower for every row count from 7 to 28.
-using ResRow = ResShape<ROW_CLUSTER, 256>;
+constexpr int RES_CLUSTER = ROW_CLUSTER;   // blocks per row (8 blocks of 512 per row, one per SM, measured slower
+                                         // on the H200 for every row count from 7 to 28)
+constexpr int RES_THREADS = 256;
+constexpr int RES_WARPS = RES_THREADS / 32;
+constexpr int RES_MIN_BLOCKS = 3;        // <= 80 registers
+constexpr int RES_SEND_CAP = RES_THREADS / 4;  // candidates a block sends as they are (~20 per 8 warps on normal
+                                         // rows, 65 seen)
+constexpr int RES_LOCAL_CAP = RES_THREADS;     // more: the block ranks up to this many itself
+constexpr int RES_TOP_SENT = 32 / RES_CLUSTER; // best warp maxima per block for block 0's prune threshold
+constexpr int RES_RECV = RES_CLUSTER * RES_SEND_CAP;   // block 0's receive slots
+constexpr int RES_MIN_SMEM = RES_RECV * 8;     // dynamic shared memory: the chunk, then block 0's survivors
+static_assert(RES_VT <= RES_WARPS && RES_VT <= RES_TOP_SENT * RES_CLUSTER, "bounds from RES_VT distinct warp maxima");
+static_assert(RES_TOP_SENT * RES_CLUSTER == 32 && RES_TOP_SENT <= RES_WARPS, "one warp reads the sent maxima");
+static_assert(RES_VT <= RES_SEND_CAP && RES_SEND_CAP <= RES_LOCAL_CAP, "a block sends its top V at most");
+static_assert(RES_RECV % RES_THREADS == 0 && RES_THREADS % RES_SEND_CAP == 0 && RES_MIN_SMEM >= RES_THREADS * 16,
+              "block 0 scans whole slot rows");
 
 // cp.async.wait_group for a pending count known only after unrolling.
 __device__ __forceinline__ void cp_async_wait_upto(int pending) {
@@ -981,12 +999,6 @@ __device__ __forceinline__ uint32_t shared_add(uint32_t* counter, uint32_t value
 // (fire and forget: unlike a release arrive or barrier.cluster.arrive.release, the sender never waits for its
 // remote stores to land), each sender announces its byte count with one relaxed expect_tx arrive, and block 0
 // waits (acquire, cluster scope) for phase 0.
-__device__ __forceinline__ uint32_t cluster_addr(const void* local, uint32_t rank) {
-    uint32_t there;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
-                 : "=r"(there) : "r"((uint32_t)__cvta_generic_to_shared(local)), "r"(rank));
-    return there;
-}
 __device__ __forceinline__ void st_async(uint32_t addr, uint32_t value, uint32_t bar) {
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];\n"
                  ::"r"(addr), "r"(value), "r"(bar) : "memory");
@@ -1016,30 +1028,24 @@ __device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar) {
     }
 }
 
-// (key, id) of the best entry over a warp: the largest key, then the smallest id.
-__device__ __forceinline__ uint2 warp_best(uint32_t k, uint32_t i) {
-    const uint32_t best_k = __reduce_max_sync(FULL, k);
-    return make_uint2(best_k, __reduce_min_sync(FULL, k == best_k ? i : ~0u));
-}
-
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(FULL, x, off);
     return x;
 }
 
-template <typename Tin, typename Shape>
+template <typename Tin>
 __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, int* __restrict__ top_ids,
                                               float* __restrict__ top_logp, int vocab, int V, int chunk) {
     using E = Elem<Tin>;
     using Vec = typename E::Vec;
     constexpr int VW = E::W;
-    constexpr int T = Shape::T;
-    constexpr int S = Shape::S;
-    constexpr int WARPS = Shape::WARPS;
-    constexpr int SEND_CAP = Shape::SEND_CAP;
-    constexpr int LOCAL_CAP = Shape::LOCAL_CAP;
-    constexpr int TOP_SENT = Shape::TOP_SENT;
+    constexpr int T = RES_THREADS;
+    constexpr int S = RES_CLUSTER;
+    constexpr int WARPS = RES_WARPS;
+    constexpr int SEND_CAP = RES_SEND_CAP;
+    constexpr int LOCAL_CAP = RES_LOCAL_CAP;
+    constexpr int TOP_SENT = RES_TOP_SENT;
     constexpr uint32_t VEC_BYTES = 16;
 
     // block 0's receive slots, written by every block of the cluster (block 0 too)
@@ -1115,15 +1121,7 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
             const int i = g * RES_GROUP + u;
             vg[u] = i < nv ? E::from_bits(lds128(sp + (uint32_t)i * T * VEC_BYTES)) : E::ninf_vec();
         }
-        typename E::VMax vm[RES_GROUP];
-#pragma unroll
-        for (int u = 0; u < RES_GROUP; ++u) vm[u] = E::vmax(vg[u]);
-#pragma unroll
-        for (int w = 1; w < RES_GROUP; w <<= 1) {
-#pragma unroll
-            for (int u = 0; u + w < RES_GROUP; u += 2 * w) vm[u] = E::vmax2(vm[u], vm[u + w]);
-        }
-        const float gm = E::vmax_float(vm[0]);
+        const float gm = group_max<E>(vg);
         gmax[g] = gm;
         sm.m = fmaxf(sm.m, gm);
         const bool rebase = sm.needs_rebase(gm);
@@ -1131,8 +1129,7 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
             if (rebase) sm.rebase(gm);
             sm.warp_fused = __all_sync(FULL, sm.fused());
         }
-        if (sm.warp_fused) sm.s = fmaf(group_exp_sum<true, E>(vg, sm), sm.c, sm.s);
-        else sm.s += group_exp_sum<false, E>(vg, sm);
+        add_group<E>(sm, vg);
     }
     sm.finish();
     float mx = gmax[0];
@@ -1283,9 +1280,9 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
         t = __reduce_min_sync(FULL, above < V ? k : ~0u);
     }
     mbar_wait_cluster(&r_ready);
-    // the received candidates >= t, each thread Shape::RECV / T slots, one atomic per thread
+    // the received candidates >= t, each thread RES_RECV / T slots, one atomic per thread
     uint2* s_surv = reinterpret_cast<uint2*>(s_data);      // block 0's chunk is done with
-    constexpr int SLOTS = Shape::RECV / T;
+    constexpr int SLOTS = RES_RECV / T;
     uint2 c[SLOTS];
     uint32_t keep = 0;
 #pragma unroll
@@ -1555,9 +1552,9 @@ extern "C" __constant__ int kdt_topk_small_stage_bytes = SMALL_STAGE_BYTES;
 extern "C" __constant__ int kdt_topk_cluster_size = ROW_CLUSTER;
 extern "C" __constant__ int kdt_topk_resident_max_v = RES_VT;
 extern "C" __constant__ int kdt_topk_resident_max_vectors = RES_MAX_VECTORS;
-extern "C" __constant__ int kdt_topk_resident_min_smem = ResRow::MIN_SMEM;
-extern "C" __constant__ int kdt_topk_resident_cluster = ResRow::S;
-extern "C" __constant__ int kdt_topk_resident_threads = ResRow::T;
+extern "C" __constant__ int kdt_topk_resident_min_smem = RES_MIN_SMEM;
+extern "C" __constant__ int kdt_topk_resident_cluster = RES_CLUSTER;
+extern "C" __constant__ int kdt_topk_resident_threads = RES_THREADS;
 
 // ---- entry points ---------------------------------------------------------------------------------------
 #define KDT_TOPK_SMALL_ENTRY(NAME, TIN, VT, CLUSTER)                                                        \
@@ -1585,15 +1582,15 @@ KDT_TOPK_SMALL(bf16, uint16_t, 8)
 KDT_TOPK_SMALL(bf16, uint16_t, 16)
 KDT_TOPK_SMALL(bf16, uint16_t, 32)
 
-// kdt_topk_resident_<dtype>: one cluster of ResRow::S blocks per row, the chunk in dynamic shared memory.
-#define KDT_TOPK_RESIDENT(NAME, SHAPE, TIN)                                                                 \
-    extern "C" __global__ void __cluster_dims__(SHAPE::S, 1, 1) __launch_bounds__(SHAPE::T, SHAPE::MIN_BLOCKS) \
+// kdt_topk_resident_<dtype>: one cluster of RES_CLUSTER blocks per row, the chunk in dynamic shared memory.
+#define KDT_TOPK_RESIDENT(NAME, TIN)                                                                        \
+    extern "C" __global__ void __cluster_dims__(RES_CLUSTER, 1, 1) __launch_bounds__(RES_THREADS, RES_MIN_BLOCKS) \
     NAME(const TIN* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp, int vocab,   \
          int V, int chunk) {                                                                               \
-        resident_impl<TIN, SHAPE>(logits, top_ids, top_logp, vocab, V, chunk);                              \
+        resident_impl<TIN>(logits, top_ids, top_logp, vocab, V, chunk);                                     \
     }
-KDT_TOPK_RESIDENT(kdt_topk_resident_f32, ResRow, float)
-KDT_TOPK_RESIDENT(kdt_topk_resident_bf16, ResRow, uint16_t)
+KDT_TOPK_RESIDENT(kdt_topk_resident_f32, float)
+KDT_TOPK_RESIDENT(kdt_topk_resident_bf16, uint16_t)
 
 extern "C" __global__ void __launch_bounds__(GEN_THREADS, 1)
 kdt_topk_general_f32(const float* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp,

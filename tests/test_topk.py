@@ -180,9 +180,8 @@ def _resident_case_passes(case):
     rows = logits.shape[0] * depth
     assert launcher.uses_cluster(launcher.plan(rows, vocab, case.params["k"], sm_count())[1])
     arch = launcher._arch(runtime.load("topk"))
-    blocks, threads = arch["resident_cluster"], arch["resident_threads"]
     dtype = "f32" if logits.dtype == np.float32 else "bf16"
-    assert launcher.resident_smem(vocab, case.params["k"], dtype, blocks, threads, arch, 0) is not None
+    assert launcher.resident_smem(vocab, case.params["k"], dtype, arch, 0) is not None
     result = verify.verify_fresh(stages.get("topk"), case)
     assert result.passed, [(f.name, f.mismatches, f.diffs[:2]) for f in result.fields if not f.ok]
 
@@ -233,8 +232,8 @@ def test_kernel_resident_cluster_blocks_rank_their_own_ties(bf16):
 def test_resident_variant_applies_to_aligned_rows_that_fit():
     import kdt.launch.topk as launcher
 
-    def fits(vocab, k, dtype, address=0, cluster=16, threads=256):
-        return launcher.resident_smem(vocab, k, dtype, cluster, threads, SM90_RESIDENT, address)
+    def fits(vocab, k, dtype, address=0, cluster=16):
+        return launcher.resident_smem(vocab, k, dtype, {**SM90_RESIDENT, "resident_cluster": cluster}, address)
 
     assert fits(163840, 8, "f32") == 40960                     # 10 vectors per thread
     assert fits(163840, 8, "bf16") == 20480                    # 5

@@ -127,15 +127,15 @@ def cluster_chunk(vocab: int, cluster: int) -> int:
     return _cdiv(_cdiv(vocab, cluster), CHUNK_ALIGN) * CHUNK_ALIGN
 
 
-def resident_smem(vocab: int, V: int, dtype: str, cluster: int, threads: int, arch: dict[str, int],
-                  address: int) -> int | None:
-    """Dynamic shared memory of the resident variant for rows of `vocab` logits at `address` split over
-    `cluster` blocks of `threads`, or None where it does not apply (the plain cluster path runs)."""
+def resident_smem(vocab: int, V: int, dtype: str, arch: dict[str, int], address: int) -> int | None:
+    """Dynamic shared memory of the resident variant for rows of `vocab` logits at `address` (`arch`: the
+    module's constants: its blocks per row and threads), or None where it does not apply (the plain cluster
+    path runs)."""
     width = VECTOR_ELEMENTS[dtype]
     if not RESIDENT_PATH or V > RESIDENT_MAX_V or vocab % width or address % VECTOR_BYTES:
         return None
-    vectors = cluster_chunk(vocab, cluster) // width
-    if vectors > arch["resident_max_vectors"] * threads:
+    vectors = cluster_chunk(vocab, arch["resident_cluster"]) // width
+    if vectors > arch["resident_max_vectors"] * arch["resident_threads"]:
         return None
     return max(vectors * VECTOR_BYTES, arch["resident_min_smem"])
 
@@ -217,9 +217,9 @@ def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None
     cluster = cluster_size(S, arch["cluster"])
     attributes = None
     if cluster:
-        blocks, threads = arch["resident_cluster"], arch["resident_threads"]
-        smem = resident_smem(vocab, V, sfx, blocks, threads, arch, int(logits.data.ptr))
+        smem = resident_smem(vocab, V, sfx, arch, int(logits.data.ptr))
         if smem is not None:
+            blocks, threads = arch["resident_cluster"], arch["resident_threads"]
             attributes = {_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: 1} if blocks > PORTABLE_CLUSTER else None
             fn = kernel_function(module, f"kdt_topk_resident_{sfx}", smem, attributes)
             fn((rows * blocks,), (threads,),
