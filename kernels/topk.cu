@@ -94,23 +94,31 @@
 //   Memory traffic: the logits once (R*vocab*4 or *2 bytes) + R*V*8 bytes of outputs + S*R*(8 + 8*VT)*2
 //   bytes of partials (negligible).
 //
-// Resident path, few rows, V <= 8: kdt_topk_resident_{f32,bf16}, where the launcher would run the cluster path
-// and the rows are 16-byte aligned (vocab a multiple of 4 f32 / 8 bf16) and a chunk is at most 16 vectors per
-// thread (sm_90: vocab <= 2^18 either dtype; sm_120: f32 vocab <= 131072).  The G=1 drafter shapes.
-//   launch: grid = R * S blocks (S = ROW_CLUSTER, one cluster per row), 256 threads, 10.8 KB static smem plus
-//   max(chunk bytes, S * 64 * 8) of dynamic smem (the chunk; block 0's survivors after it); no workspace.
-//   __launch_bounds__(256, 3): <= 80 registers (56-60 used, no spills), so three 16-block clusters fit per GPC
-//   (28 clusters resident on the H200; at 2 blocks per SM only 14 fit and a 15-row batch ran two waves).
-//   Per block: every cp.async of the chunk at once (vector i*256 + tid, in 4 commit groups), the online
-//   softmax group by group as they land, block barrier 1 for the warp maxima; the block bound is the smallest
-//   of them (8 distinct elements are >= it), the block's two best warp maxima go to block 0 at once, and every
-//   warp collects its elements >= the bound (each lane its next group that reaches it, one atomic per lane;
-//   ~20 per block on normal rows).  Block barrier 2, then the candidates (or, above 64, the block's exact top V
-//   by rank; above 256, by V rounds of a block-wide arg-best) and the block's (max, sum) go to block 0 as
-//   st.async stores that complete_tx on block 0's mbarrier; the block exits.  Block 0 takes its prune
-//   threshold t = the V-th largest of the 32 sent warp maxima (V distinct elements are >= t) as soon as they
-//   land, keeps the received candidates >= t (8-10 on normal rows), ranks them by counting and writes the row.
-//   The critical path is the last block's data, ~1 us of block work and ~1 us of block 0 (H200, K=15 f32).
+// Resident path, few rows, V <= 8: kdt_topk_resident_{wide,narrow}_{f32,bf16}, where the launcher would run the
+// cluster path and the rows are 16-byte aligned (vocab a multiple of 4 f32 / 8 bf16) and a block's chunk fits
+// its shape's vectors per thread.  The G=1 drafter shapes.  Two shapes (ResShape), the same code:
+//   wide:   S = ROW_CLUSTER blocks per row (16 on sm_90, 8 on sm_120), <= 16 vectors per thread (64 KB),
+//           __launch_bounds__(256, 3) (40-46 registers, no spills): 28 16-block clusters fit on the H200.
+//   narrow: S = 8 blocks per row, <= 20 vectors per thread (80 KB: f32 vocab 163840), __launch_bounds__(256, 2).
+//   The launcher runs the wide shape up to 7 rows and the narrow one beyond (where only one fits, that one): the
+//   H200 places 7 16-block clusters one block per SM, while 15 of them stack three blocks on 16 SMs, whose data
+//   lands last; 15 8-block clusters fit one block per SM.
+//   launch: grid = R * S blocks (one cluster per row), 256 threads, 10.6 KB (wide) / 6.5 KB (narrow) static
+//   smem plus max(chunk bytes, S * 64 * 8) of dynamic smem (the chunk; block 0's survivors after it); no
+//   workspace.
+//   Per block: thread 0 issues the whole chunk at once as bulk copies (cp.async.bulk, the TMA engine) of 2
+//   vectors per thread each (vector i*256 + tid of the chunk at s_data[i*256 + tid]), each completing on its
+//   own mbarrier; the online softmax runs group by group as they land (the block's last group is all it still
+//   computes after its last bytes), block barrier 1 for the warp maxima; the block bound is the smallest of
+//   them (8 distinct elements are >= it), and every warp collects its elements >= the bound (each lane its next
+//   group that reaches it, one atomic per lane; ~20 per block on normal rows).  Block barrier 2, then the
+//   candidates (or, above 64, the block's exact top V by rank; above 256, by V rounds of a block-wide
+//   arg-best), the block's two best warp maxima and its (max, sum) go to block 0's shared memory as remote
+//   stores, and one cluster barrier (release / acquire) publishes them.  Block 0 takes its prune threshold
+//   t = the V-th largest of the 32 sent warp maxima (V distinct elements are >= t), keeps the received
+//   candidates >= t (8-10 on normal rows), ranks them by counting and writes the row.
+//   The critical path is the last block's data (its SM's share of the DRAM bandwidth), ~1 us of block work,
+//   the cluster barrier and ~1 us of block 0 (H200, K=15 f32).
 //   Memory traffic: the logits once + R*V*8 bytes of outputs.
 //
 // General path, any V <= 1024: kdt_topk_general_{f32,bf16}
@@ -258,7 +266,7 @@ __device__ __forceinline__ void fold_stats(const float* p_m, const float* p_s, i
 }
 
 // Thread-block clusters (sm_90+): the cluster-wide barrier halves, the address in block `rank`'s shared memory
-// of what `local` is in this block (cluster_addr), and a 32-bit store there.
+// of what `local` is in this block (cluster_addr), and a 32- or 64-bit store there.
 __device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
@@ -270,6 +278,10 @@ __device__ __forceinline__ uint32_t cluster_addr(const void* local, uint32_t ran
 }
 __device__ __forceinline__ void store_to_block(const void* local, uint32_t rank, uint32_t value) {
     asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(cluster_addr(local, rank)), "r"(value) : "memory");
+}
+__device__ __forceinline__ void store_to_block(const void* local, uint32_t rank, uint2 value) {
+    asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};\n" ::"r"(cluster_addr(local, rank)), "r"(value.x),
+                 "r"(value.y) : "memory");
 }
 
 // a[e] for a runtime e without local memory (a select chain over the registers).
@@ -951,40 +963,41 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
 }
 
 // ---- resident path (few rows, V <= RES_VT; see the header) ------------------------------------------------
-// One cluster of S = RES_CLUSTER blocks of T = RES_THREADS threads per row.  No scan loop, no per-warp lists,
-// no cluster barrier at the end: one bound, raw candidates, and byte-counted sends to block 0.
+// One cluster of S = Shape::cluster blocks of T = RES_THREADS threads per row.  No scan loop, no per-warp lists,
+// one cluster barrier at the end: one bound, raw candidates and statistics stored into block 0.
 constexpr int RES_VT = 8;              // largest V: the block bound is the smallest of >= V warp maxima
-constexpr int RES_GROUP = 4;           // vectors per commit group and softmax group (one warp vote for a rebase)
-constexpr int RES_GROUPS = 4;          // at most RES_GROUPS * RES_GROUP vectors per thread
-constexpr int RES_MAX_VECTORS = RES_GROUPS * RES_GROUP;
-static_assert(RES_GROUPS == 4, "cp_async_wait_upto");
-
-constexpr int RES_CLUSTER = ROW_CLUSTER;   // blocks per row (8 blocks of 512 per row, one per SM, measured slower
-                                         // on the H200 for every row count from 7 to 28)
+constexpr int RES_GROUP = 2;           // vectors per thread of one bulk copy (one mbarrier) and one softmax group: what
+                                       // a block still computes after its last bytes land (4 measured 0.6-0.8 us slower)
 constexpr int RES_THREADS = 256;
 constexpr int RES_WARPS = RES_THREADS / 32;
-constexpr int RES_MIN_BLOCKS = 3;        // <= 80 registers
 constexpr int RES_SEND_CAP = RES_THREADS / 4;  // candidates a block sends as they are (~20 per 8 warps on normal
                                          // rows, 65 seen)
 constexpr int RES_LOCAL_CAP = RES_THREADS;     // more: the block ranks up to this many itself
-constexpr int RES_TOP_SENT = 32 / RES_CLUSTER; // best warp maxima per block for block 0's prune threshold
-constexpr int RES_RECV = RES_CLUSTER * RES_SEND_CAP;   // block 0's receive slots
-constexpr int RES_MIN_SMEM = RES_RECV * 8;     // dynamic shared memory: the chunk, then block 0's survivors
-static_assert(RES_VT <= RES_WARPS && RES_VT <= RES_TOP_SENT * RES_CLUSTER, "bounds from RES_VT distinct warp maxima");
-static_assert(RES_TOP_SENT * RES_CLUSTER == 32 && RES_TOP_SENT <= RES_WARPS, "one warp reads the sent maxima");
+constexpr int RES_NARROW_CLUSTER = 8;          // the portable cluster size
+static_assert(RES_VT <= RES_WARPS, "bounds from RES_VT distinct warp maxima");
 static_assert(RES_VT <= RES_SEND_CAP && RES_SEND_CAP <= RES_LOCAL_CAP, "a block sends its top V at most");
-static_assert(RES_RECV % RES_THREADS == 0 && RES_THREADS % RES_SEND_CAP == 0 && RES_MIN_SMEM >= RES_THREADS * 16,
-              "block 0 scans whole slot rows");
 
-// cp.async.wait_group for a pending count known only after unrolling.
-__device__ __forceinline__ void cp_async_wait_upto(int pending) {
-    switch (pending) {
-        case 0: cp_async_wait<0>(); break;
-        case 1: cp_async_wait<1>(); break;
-        case 2: cp_async_wait<2>(); break;
-        default: cp_async_wait<3>(); break;
-    }
-}
+// One shape of the resident path: CLUSTER blocks of RES_THREADS threads per row, at most MAX_VECTORS 16-byte
+// vectors per thread, MIN_BLOCKS blocks per SM (registers).  Two are built (the launcher picks by rows):
+//   wide   = ROW_CLUSTER blocks (16 on sm_90), <= 16 vectors (64 KB), 3 per SM;
+//   narrow = 8 blocks, <= 20 vectors (80 KB: f32 vocab 163840), 2 per SM.
+template <int CLUSTER, int MAX_VECTORS, int MIN_BLOCKS>
+struct ResShape {
+    static constexpr int cluster = CLUSTER;
+    static constexpr int max_vectors = MAX_VECTORS;
+    static constexpr int min_blocks = MIN_BLOCKS;
+    static constexpr int groups = MAX_VECTORS / RES_GROUP;   // bulk copies (and mbarriers) per block
+    static constexpr int top_sent = 32 / CLUSTER;            // best warp maxima per block for block 0's threshold
+    static constexpr int recv = CLUSTER * RES_SEND_CAP;      // block 0's receive slots
+    static constexpr int min_smem = recv * 8;                // dynamic smem: the chunk, then block 0's survivors
+    static_assert(MAX_VECTORS % RES_GROUP == 0 && groups <= 32, "whole groups, one candidate bit per group");
+    static_assert(RES_VT <= top_sent * CLUSTER, "a threshold from RES_VT distinct warp maxima");
+    static_assert(top_sent * CLUSTER == 32 && top_sent <= RES_WARPS, "one warp reads the sent maxima");
+    static_assert(recv % RES_THREADS == 0 && RES_THREADS % RES_SEND_CAP == 0 && min_smem >= RES_THREADS * 16,
+                  "block 0 scans whole slot rows");
+};
+using ResWide = ResShape<ROW_CLUSTER, 16, 3>;
+using ResNarrow = ResShape<RES_NARROW_CLUSTER, 20, 2>;
 
 // Shared-memory atomic add without the compiler's warp aggregation (a shuffle scan per call): the few lanes
 // that reserve slots at once are serialised by the hardware instead.
@@ -995,18 +1008,10 @@ __device__ __forceinline__ uint32_t shared_add(uint32_t* counter, uint32_t value
     return old;
 }
 
-// Block 0 receives over mbarriers that count bytes: the other blocks' st.async stores complete_tx on them
-// (fire and forget: unlike a release arrive or barrier.cluster.arrive.release, the sender never waits for its
-// remote stores to land), each sender announces its byte count with one relaxed expect_tx arrive, and block 0
-// waits (acquire, cluster scope) for phase 0.
-__device__ __forceinline__ void st_async(uint32_t addr, uint32_t value, uint32_t bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];\n"
-                 ::"r"(addr), "r"(value), "r"(bar) : "memory");
-}
-__device__ __forceinline__ void st_async(uint32_t addr, uint2 value, uint32_t bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.u32 [%0], {%1, %2}, [%3];\n"
-                 ::"r"(addr), "r"(value.x), "r"(value.y), "r"(bar) : "memory");
-}
+// A block's own mbarriers, one per bulk copy: initialised for one arrival (thread 0's expect_tx of the copy's
+// bytes), complete when those bytes have landed; each is used once per launch (phase 0).  (Block 0 could
+// receive the other blocks' candidates the same way, as st.async stores that complete_tx on its mbarriers with
+// no cluster barrier: 0.1-0.25 us faster on the H200, but compute-sanitizer's racecheck never finishes on it.)
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(count)
                  : "memory");
@@ -1015,15 +1020,18 @@ __device__ __forceinline__ void mbar_expect_local(uint64_t* bar, uint32_t bytes)
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
                  ::"r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void mbar_expect_remote(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.relaxed.cluster.shared::cluster.b64 _, [%0], %1;\n"
-                 ::"r"(bar), "r"(bytes) : "memory");
+
+// One bulk copy (the TMA engine, no per-thread requests) of `bytes` (a multiple of 16, both addresses 16-byte
+// aligned) from global memory into this block's shared memory, completing its bytes on the block's mbarrier.
+__device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
-__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar) {
+__device__ __forceinline__ void mbar_wait_block(uint64_t* bar) {
     const uint32_t addr = (uint32_t)__cvta_generic_to_shared(bar);
     uint32_t done = 0;
     while (!done) {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n"
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
                      " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(addr) : "memory");
     }
 }
@@ -1034,18 +1042,19 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
-template <typename Tin>
+template <typename Tin, typename Shape>
 __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, int* __restrict__ top_ids,
                                               float* __restrict__ top_logp, int vocab, int V, int chunk) {
     using E = Elem<Tin>;
     using Vec = typename E::Vec;
     constexpr int VW = E::W;
     constexpr int T = RES_THREADS;
-    constexpr int S = RES_CLUSTER;
+    constexpr int S = Shape::cluster;
+    constexpr int GROUPS = Shape::groups;
     constexpr int WARPS = RES_WARPS;
     constexpr int SEND_CAP = RES_SEND_CAP;
     constexpr int LOCAL_CAP = RES_LOCAL_CAP;
-    constexpr int TOP_SENT = RES_TOP_SENT;
+    constexpr int TOP_SENT = Shape::top_sent;
     constexpr uint32_t VEC_BYTES = 16;
 
     // block 0's receive slots, written by every block of the cluster (block 0 too)
@@ -1054,8 +1063,6 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
     __shared__ __align__(16) uint32_t r_max[S * TOP_SENT];   // each block's TOP_SENT best warp maxima
     __shared__ float r_m[S];
     __shared__ float r_s[S];
-    __shared__ uint64_t r_max_ready;     // phase 0: all S * TOP_SENT r_max entries have landed
-    __shared__ uint64_t r_ready;         // phase 0: every block's candidates, count and statistics have landed
     // the block's own
     __shared__ uint2 s_cand[LOCAL_CAP];
     __shared__ uint32_t s_count;
@@ -1066,21 +1073,15 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
     __shared__ uint2 s_pick[WARPS];
     __shared__ float s_stat[2];
     __shared__ uint32_t s_survivors;
+    __shared__ uint64_t s_landed[GROUPS];   // phase 0: group g's bulk copy has landed
     extern __shared__ uint4 s_data[];    // the chunk (vector i*T + tid of the chunk at the same index); block 0's
                                          // survivors once its chunk is done
 
     // launcher bug guard (the same in every block, so a cluster returns as a whole)
-    if (V < 1 || V > RES_VT || chunk < 0 || chunk > RES_MAX_VECTORS * T * VW || chunk % VW != 0 || vocab % VW != 0)
+    if (V < 1 || V > RES_VT || chunk < 0 || chunk > Shape::max_vectors * T * VW || chunk % VW != 0 || vocab % VW != 0)
         return;
     const int split = (int)(blockIdx.x % (unsigned)S);
-    if (split == 0 && threadIdx.x == 0) {
-        mbar_init(&r_max_ready, 1);
-        mbar_expect_local(&r_max_ready, S * TOP_SENT * sizeof(uint32_t));   // its one arrival: only bytes pend
-        mbar_init(&r_ready, S);                             // one expect_tx arrival per block
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    cluster_arrive_release();                               // waited for before the first remote access: every
-                                                            // block runs and block 0's mbarrier is initialised
+    cluster_arrive_relaxed();                               // waited for before the first remote store
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
@@ -1088,33 +1089,42 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
     const int lo = min(split * chunk, vocab);
     const int nvec = (min(lo + chunk, vocab) - lo) / VW;   // vocab and chunk are multiples of VW
     const int nv = tid < nvec ? (nvec - tid + T - 1) / T : 0;   // this thread's vectors: i*T + tid, i < nv
-    const Vec* gp = reinterpret_cast<const Vec*>(logits + (size_t)row * (size_t)vocab + lo) + tid;
     const uint32_t sp = (uint32_t)__cvta_generic_to_shared(s_data + tid);
 
-    // every copy at once, one commit group per RES_GROUP vectors (empty groups past the end keep the count)
-#pragma unroll
-    for (int g = 0; g < RES_GROUPS; ++g) {
-#pragma unroll
-        for (int u = 0; u < RES_GROUP; ++u) {
-            const int i = g * RES_GROUP + u;
-            if (i < nv) cp_async16(sp + (uint32_t)i * T * VEC_BYTES, gp + i * T);
-        }
-        cp_async_commit();
-    }
+    // The whole chunk at once: one bulk copy per group of RES_GROUP * T vectors (the chunk's contiguous bytes, so
+    // that thread tid's vector i lands at s_data[i * T + tid]), each on its own mbarrier.  Thread 0 issues them
+    // as soon as the barriers are initialised (fenced for the async proxy); the block barrier after it lets the
+    // other threads wait on them.
     if (tid == 0) {
         s_count = 0u;
         s_survivors = 0u;
+#pragma unroll
+        for (int g = 0; g < GROUPS; ++g) mbar_init(&s_landed[g], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        const Vec* src = reinterpret_cast<const Vec*>(logits + (size_t)row * (size_t)vocab + lo);
+#pragma unroll
+        for (int g = 0; g < GROUPS; ++g) {
+            const int first = g * RES_GROUP * T;
+            if (first < nvec) {
+                const uint32_t bytes = (uint32_t)min(nvec - first, RES_GROUP * T) * VEC_BYTES;
+                mbar_expect_local(&s_landed[g], bytes);
+                bulk_copy_to_shared((uint32_t)__cvta_generic_to_shared(s_data + first), src + first, bytes,
+                                    (uint32_t)__cvta_generic_to_shared(&s_landed[g]));
+            }
+        }
     }
+    __syncthreads();
 
     // online softmax statistics group by group as the copies land (each thread reads back only its own)
     Softmax sm;
-    float gmax[RES_GROUPS];                                 // group maxima (-inf: none or all -inf)
+    float gmax[GROUPS];                                     // group maxima (-inf: none or all -inf)
 #pragma unroll
-    for (int g = 0; g < RES_GROUPS; ++g) gmax[g] = neg_inf();
+    for (int g = 0; g < GROUPS; ++g) gmax[g] = neg_inf();
 #pragma unroll
-    for (int g = 0; g < RES_GROUPS; ++g) {
+    for (int g = 0; g < GROUPS; ++g) {
         if (g * RES_GROUP * T >= nvec) break;              // block-uniform
-        cp_async_wait_upto(RES_GROUPS - 1 - g);
+        mbar_wait_block(&s_landed[g]);
         Vec vg[RES_GROUP];
 #pragma unroll
         for (int u = 0; u < RES_GROUP; ++u) {
@@ -1134,7 +1144,7 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
     sm.finish();
     float mx = gmax[0];
 #pragma unroll
-    for (int g = 1; g < RES_GROUPS; ++g) mx = fmaxf(mx, gmax[g]);
+    for (int g = 1; g < GROUPS; ++g) mx = fmaxf(mx, gmax[g]);
 
     // warp maxima as keys (0: the warp holds no element)
     const uint32_t wkey = __reduce_max_sync(FULL, nv > 0 ? f2key(mx) : 0u);
@@ -1150,19 +1160,14 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
         top = max(top, s_wkey[w]);
     }
     const float bf = bound ? key2f(bound) : neg_inf();
-    // The block's TOP_SENT best warp maxima go to block 0 now, so that its prune threshold is ready by the time
-    // the candidates have arrived: lane w of warp 0 ranks warp w's maximum (ties by warp), and the TOP_SENT
-    // best each send theirs (st.async on r_max_ready).
-    if (warp == 0) {
-        cluster_wait_acquire();                             // pairs the arrive at the start (warp-uniform)
-        if (lane < WARPS) {
-            const uint32_t k = s_wkey[lane];
-            int rank = 0;
+    // The block's TOP_SENT best warp maxima go to block 0 with its candidates (for block 0's prune threshold):
+    // lane w of warp 0 ranks warp w's maximum (ties by warp), and the TOP_SENT best each send theirs.
+    int top_rank = TOP_SENT;
+    if (warp == 0 && lane < WARPS) {
+        const uint32_t k = s_wkey[lane];
+        top_rank = 0;
 #pragma unroll
-            for (int w = 0; w < WARPS; ++w) rank += (s_wkey[w] > k || (s_wkey[w] == k && w < lane)) ? 1 : 0;
-            if (rank < TOP_SENT)
-                st_async(cluster_addr(&r_max[split * TOP_SENT + rank], 0u), k, cluster_addr(&r_max_ready, 0u));
-        }
+        for (int w = 0; w < WARPS; ++w) top_rank += (s_wkey[w] > k || (s_wkey[w] == k && w < lane)) ? 1 : 0;
     }
     // the block's statistics in the base of its maximum (m <= block_max; both >= -FLT_MAX: no inf - inf)
     const float block_max = fmaxf(top ? key2f(top) : -FLT_MAX, -FLT_MAX);
@@ -1170,11 +1175,11 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
     if (lane == 0) s_wsum[warp] = wsum;
 
     // Candidates: the elements >= bf of the groups whose maximum reaches it.  Every warp holds at least one
-    // (its maximum), so the warp works together: per pass each lane takes its next such group (the four
+    // (its maximum), so the warp works together: per pass each lane takes its next such group (its RES_GROUP
     // vectors at once), reserves its slots with one atomic and writes its few candidates.
     uint32_t groups = 0;
 #pragma unroll
-    for (int g = 0; g < RES_GROUPS; ++g) groups |= (nv > 0 && gmax[g] >= bf ? 1u : 0u) << g;
+    for (int g = 0; g < GROUPS; ++g) groups |= (nv > 0 && gmax[g] >= bf ? 1u : 0u) << g;
     static_assert(RES_GROUP * VW <= 32, "one pass bit per element of a group");
     while (__any_sync(FULL, groups != 0u)) {
         const int g = groups ? __ffs(groups) - 1 : 0;
@@ -1248,29 +1253,27 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
         n = (uint32_t)V;                                    // n > SEND_CAP >= V elements: all V slots real
     }
 
-    if (warp != 0) cluster_wait_acquire();                  // pairs the arrive at the start (warp 0: above)
-    const uint32_t ready = cluster_addr(&r_ready, 0u);
+    cluster_wait_acquire();                                 // pairs the arrive at the start: every block runs
     if (tid < (int)n)
-        st_async(cluster_addr(&r_cand[split][tid], 0u), ranked ? make_uint2(s_topk[tid], s_topi[tid]) : s_cand[tid],
-                 ready);
+        store_to_block(&r_cand[split][tid], 0u, ranked ? make_uint2(s_topk[tid], s_topi[tid]) : s_cand[tid]);
+    if (top_rank < TOP_SENT) store_to_block(&r_max[split * TOP_SENT + top_rank], 0u, s_wkey[lane]);
     if (tid == 0) {
         float block_sum = 0.0f;                             // in warp order: the same bits in every run
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) block_sum += s_wsum[w];
-        st_async(cluster_addr(&r_count[split], 0u), n, ready);
-        st_async(cluster_addr(&r_m[split], 0u), __float_as_uint(block_max), ready);
-        st_async(cluster_addr(&r_s[split], 0u), __float_as_uint(block_sum), ready);
-        constexpr uint32_t STATS_BYTES = 3 * sizeof(uint32_t);   // count, max, sum
-        mbar_expect_remote(ready, n * (uint32_t)sizeof(uint2) + STATS_BYTES);
+        store_to_block(&r_count[split], 0u, n);
+        store_to_block(&r_m[split], 0u, __float_as_uint(block_max));
+        store_to_block(&r_s[split], 0u, __float_as_uint(block_sum));
     }
-    // every block but block 0 is done (block 0 outlives the stores: it waits for all of them to land)
-    if (split != 0) return;
+    cluster_arrive_release();                               // the stores above, published to block 0
+    cluster_wait_acquire();
+    if (split != 0) return;                                 // (after the barrier: block 0 never reads a block
+                                                            // that has exited, no block stores into an exited one)
 
     // ---- block 0: the prune threshold t = the V-th largest sent warp maximum (V distinct elements are >= it, so
     // no element below it is in the top V); every warp computes it for itself from broadcast shared loads
     // (eight warps of shuffles would queue on the SM's shuffle unit)
     static_assert(S * TOP_SENT == 32, "one sent maximum per lane");
-    mbar_wait_cluster(&r_max_ready);
     uint32_t t;
     {
         const uint32_t k = r_max[lane];
@@ -1279,10 +1282,9 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
         for (int j = 0; j < 32; ++j) above += r_max[j] > k ? 1 : 0;
         t = __reduce_min_sync(FULL, above < V ? k : ~0u);
     }
-    mbar_wait_cluster(&r_ready);
-    // the received candidates >= t, each thread RES_RECV / T slots, one atomic per thread
+    // the received candidates >= t, each thread Shape::recv / T slots, one atomic per thread
     uint2* s_surv = reinterpret_cast<uint2*>(s_data);      // block 0's chunk is done with
-    constexpr int SLOTS = RES_RECV / T;
+    constexpr int SLOTS = Shape::recv / T;
     uint2 c[SLOTS];
     uint32_t keep = 0;
 #pragma unroll
@@ -1551,10 +1553,13 @@ extern "C" __constant__ int kdt_topk_max_vocab = MAX_VOCAB;
 extern "C" __constant__ int kdt_topk_small_stage_bytes = SMALL_STAGE_BYTES;
 extern "C" __constant__ int kdt_topk_cluster_size = ROW_CLUSTER;
 extern "C" __constant__ int kdt_topk_resident_max_v = RES_VT;
-extern "C" __constant__ int kdt_topk_resident_max_vectors = RES_MAX_VECTORS;
-extern "C" __constant__ int kdt_topk_resident_min_smem = RES_MIN_SMEM;
-extern "C" __constant__ int kdt_topk_resident_cluster = RES_CLUSTER;
 extern "C" __constant__ int kdt_topk_resident_threads = RES_THREADS;
+extern "C" __constant__ int kdt_topk_resident_wide_cluster = ResWide::cluster;
+extern "C" __constant__ int kdt_topk_resident_wide_max_vectors = ResWide::max_vectors;
+extern "C" __constant__ int kdt_topk_resident_wide_min_smem = ResWide::min_smem;
+extern "C" __constant__ int kdt_topk_resident_narrow_cluster = ResNarrow::cluster;
+extern "C" __constant__ int kdt_topk_resident_narrow_max_vectors = ResNarrow::max_vectors;
+extern "C" __constant__ int kdt_topk_resident_narrow_min_smem = ResNarrow::min_smem;
 
 // ---- entry points ---------------------------------------------------------------------------------------
 #define KDT_TOPK_SMALL_ENTRY(NAME, TIN, VT, CLUSTER)                                                        \
@@ -1582,15 +1587,19 @@ KDT_TOPK_SMALL(bf16, uint16_t, 8)
 KDT_TOPK_SMALL(bf16, uint16_t, 16)
 KDT_TOPK_SMALL(bf16, uint16_t, 32)
 
-// kdt_topk_resident_<dtype>: one cluster of RES_CLUSTER blocks per row, the chunk in dynamic shared memory.
-#define KDT_TOPK_RESIDENT(NAME, TIN)                                                                        \
-    extern "C" __global__ void __cluster_dims__(RES_CLUSTER, 1, 1) __launch_bounds__(RES_THREADS, RES_MIN_BLOCKS) \
-    NAME(const TIN* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp, int vocab,   \
-         int V, int chunk) {                                                                               \
-        resident_impl<TIN>(logits, top_ids, top_logp, vocab, V, chunk);                                     \
+// kdt_topk_resident_<shape>_<dtype>: one cluster of SHAPE::cluster blocks per row, the chunk in dynamic shared
+// memory.
+#define KDT_TOPK_RESIDENT(NAME, TIN, SHAPE)                                                                  \
+    extern "C" __global__ void __cluster_dims__(SHAPE::cluster, 1, 1)                                         \
+        __launch_bounds__(RES_THREADS, SHAPE::min_blocks)                                                     \
+        NAME(const TIN* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp,        \
+             int vocab, int V, int chunk) {                                                                  \
+        resident_impl<TIN, SHAPE>(logits, top_ids, top_logp, vocab, V, chunk);                               \
     }
-KDT_TOPK_RESIDENT(kdt_topk_resident_f32, float)
-KDT_TOPK_RESIDENT(kdt_topk_resident_bf16, uint16_t)
+KDT_TOPK_RESIDENT(kdt_topk_resident_wide_f32, float, ResWide)
+KDT_TOPK_RESIDENT(kdt_topk_resident_wide_bf16, uint16_t, ResWide)
+KDT_TOPK_RESIDENT(kdt_topk_resident_narrow_f32, float, ResNarrow)
+KDT_TOPK_RESIDENT(kdt_topk_resident_narrow_bf16, uint16_t, ResNarrow)
 
 extern "C" __global__ void __launch_bounds__(GEN_THREADS, 1)
 kdt_topk_general_f32(const float* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp,

@@ -89,8 +89,9 @@ def test_kernel_matches_reference_on_random_inputs(seed):
 
 
 # kernels/topk.cu's resident-path constants on sm_90 (the launcher reads them from the module)
-SM90_RESIDENT = {"resident_cluster": 16, "resident_threads": 256, "resident_max_vectors": 16,
-                 "resident_min_smem": 16 * 64 * 8}
+SM90_RESIDENT = {"resident_threads": 256,
+                 "resident_wide_cluster": 16, "resident_wide_max_vectors": 16, "resident_wide_min_smem": 16 * 64 * 8,
+                 "resident_narrow_cluster": 8, "resident_narrow_max_vectors": 20, "resident_narrow_min_smem": 8 * 64 * 8}
 
 
 def long_rows(vocab: int, seed: int) -> np.ndarray:
@@ -169,8 +170,26 @@ def test_kernel_split_rows_on_adversarial_rows(bf16, k, merge, monkeypatch):
     assert result.passed, [(f.name, f.mismatches, f.diffs[:2]) for f in result.fields if not f.ok]
 
 
-def _resident_case_passes(case):
-    """Verify `case`, which the launcher runs on the resident variant of the cluster path."""
+@pytest.fixture(params=["wide", "narrow"])
+def resident_shape(request, monkeypatch):
+    """Each resident test on both shapes of the resident variant: the launcher's row threshold moved so that
+    the shape under test is the preferred one for any row count."""
+    import kdt.launch.topk as launcher
+
+    monkeypatch.setattr(launcher, "RESIDENT_WIDE_MAX_ROWS", 1 << 30 if request.param == "wide" else 0)
+    return request.param
+
+
+def _resident_blocks(shape: str) -> int:
+    """Blocks per row of the resident variant's `shape` in the module that runs here."""
+    import kdt.launch.topk as launcher
+    from kdt import runtime
+
+    return launcher._arch(runtime.load("topk"))[f"resident_{shape}_cluster"]
+
+
+def _resident_case_passes(case, shape):
+    """Verify `case`, which the launcher runs on the resident variant of the cluster path in `shape`."""
     import kdt.launch.topk as launcher
     from kdt import runtime, stages, verify
     from kdt.launch.common import sm_count
@@ -181,7 +200,8 @@ def _resident_case_passes(case):
     assert launcher.uses_cluster(launcher.plan(rows, vocab, case.params["k"], sm_count())[1])
     arch = launcher._arch(runtime.load("topk"))
     dtype = "f32" if logits.dtype == np.float32 else "bf16"
-    assert launcher.resident_smem(vocab, case.params["k"], dtype, arch, 0) is not None
+    resident = launcher.resident_plan(rows, vocab, case.params["k"], dtype, arch, 0)
+    assert resident is not None and resident[0] == shape, resident
     result = verify.verify_fresh(stages.get("topk"), case)
     assert result.passed, [(f.name, f.mismatches, f.diffs[:2]) for f in result.fields if not f.ok]
 
@@ -189,61 +209,71 @@ def _resident_case_passes(case):
 @pytest.mark.gpu
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("k", [1, 5, 8])
-def test_kernel_resident_cluster_on_adversarial_rows(bf16, k):
+def test_kernel_resident_cluster_on_adversarial_rows(bf16, k, resident_shape):
     """The resident variant of the cluster path (each block holds its whole chunk in shared memory and sends its
     raw candidates to block 0) on the rows above with an aligned vocabulary.  In the ascending and constant rows
     nearly every element of a block passes its bound (the smallest warp maximum), more than a block can hold, so
     those blocks send their exact top V from V rounds of a block-wide best."""
     logits = long_rows(163840, seed=k + 200)
     case = stage._case(f"resident_k{k}", "resident cluster rows", k, k, to_bf16(logits) if bf16 else logits)
-    _resident_case_passes(case)
+    _resident_case_passes(case, resident_shape)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bf16", [False, True])
-@pytest.mark.parametrize("vocab", [65536, 65544, 131072 + 64, 262144])
-def test_kernel_resident_cluster_chunk_shapes(bf16, vocab):
-    """Chunks that fill a thread's vectors exactly (65536 f32 narrow: 4 per thread), leave part of a softmax
-    group or of a vector row empty (65544: a short last block), and the widest vocabulary; drafter rows and
-    ties."""
+@pytest.mark.parametrize("vocab", [65536, 65544, 131072 + 64, 163840, 262144])
+def test_kernel_resident_cluster_chunk_shapes(bf16, vocab, resident_shape):
+    """Chunks that fill whole groups of a thread's vectors (65536 f32: 4 per thread wide, 8 narrow), leave part of
+    a group or of a vector row empty (65544: a short last block), the narrow shape's most (163840 f32: 20 per
+    thread), and the widest vocabulary (f32 262144 fits only the wide shape: the narrow preference falls back to
+    it); drafter rows and ties."""
+    if resident_shape == "narrow" and not bf16 and vocab == 262144:
+        resident_shape = "wide"
     logits = drafter_logits(np.random.default_rng(vocab), 2, 5, vocab)
     logits[1] = np.round(logits[1] * 4) / 4
     case = stage._case(f"resident_vocab{vocab}", "resident chunk shapes", vocab, 8, to_bf16(logits) if bf16 else logits)
-    _resident_case_passes(case)
+    _resident_case_passes(case, resident_shape)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bf16", [False, True])
-def test_kernel_resident_cluster_blocks_rank_their_own_ties(bf16):
+def test_kernel_resident_cluster_blocks_rank_their_own_ties(bf16, resident_shape):
     """One block whose chunk holds 100 copies of the row maximum (more candidates than a block sends, fewer than
     it holds: it sends its top V by rank) and one with 300 (more than it holds: V rounds); ties by smaller id."""
     rng = np.random.default_rng(7)
     vocab = 163840
     logits = (rng.standard_normal((1, 2, vocab)) * 1.5).astype(np.float32)
-    chunk = vocab // 16                                   # the sm_90 cluster's split (10240 columns per block)
+    chunk = vocab // _resident_blocks(resident_shape)    # columns per block (a multiple of CHUNK_ALIGN here)
     for row, (block, ties) in enumerate([(3, 100), (5, 300)]):
         columns = block * chunk + rng.choice(chunk, ties, replace=False)
         logits[0, row, columns] = 16.0                    # exact in bf16, above every other logit
     case = stage._case(f"resident_ties_{'bf16' if bf16 else 'f32'}", "one block of tied maxima", 8, 8,
                        to_bf16(logits) if bf16 else logits)
-    _resident_case_passes(case)
+    _resident_case_passes(case, resident_shape)
 
 
 def test_resident_variant_applies_to_aligned_rows_that_fit():
     import kdt.launch.topk as launcher
 
-    def fits(vocab, k, dtype, address=0, cluster=16):
-        return launcher.resident_smem(vocab, k, dtype, {**SM90_RESIDENT, "resident_cluster": cluster}, address)
+    def fits(rows, vocab, k, dtype, address=0, **arch):
+        return launcher.resident_plan(rows, vocab, k, dtype, {**SM90_RESIDENT, **arch}, address)
 
-    assert fits(163840, 8, "f32") == 40960                     # 10 vectors per thread
-    assert fits(163840, 8, "bf16") == 20480                    # 5
-    assert fits(65536, 8, "bf16", 256) == 8192                 # the survivors' minimum
-    assert fits(262144, 8, "f32") == 65536                     # 16: the most
-    assert fits(163840, 9, "f32") is None                      # V above RESIDENT_MAX_V
-    assert fits(163842, 8, "f32") is None                      # rows not 16-byte aligned
-    assert fits(163840, 8, "bf16", 8) is None                  # base not 16-byte aligned
-    assert fits(163840, 8, "f32", cluster=8) is None           # sm_120's 8-block clusters: 20 vectors per thread
-    assert fits(163840, 8, "bf16", cluster=8) == 40960
+    few, more = launcher.RESIDENT_WIDE_MAX_ROWS, launcher.RESIDENT_WIDE_MAX_ROWS + 1
+    assert fits(few, 163840, 8, "f32") == ("wide", 16, 40960)      # 10 vectors per thread
+    assert fits(few, 163840, 8, "bf16") == ("wide", 16, 20480)     # 5
+    assert fits(more, 163840, 8, "f32") == ("narrow", 8, 81920)    # 20: the narrow shape's most
+    assert fits(more, 163840, 8, "bf16") == ("narrow", 8, 40960)
+    assert fits(few, 65536, 8, "bf16", 256) == ("wide", 16, 8192)  # the survivors' minimum
+    assert fits(few, 262144, 8, "f32") == ("wide", 16, 65536)      # 16: the wide shape's most
+    assert fits(more, 262144, 8, "f32") == ("wide", 16, 65536)     # 32 narrow: only the wide shape fits
+    assert fits(more, 262144, 8, "bf16") == ("narrow", 8, 65536)
+    assert fits(few, 163840, 9, "f32") is None                     # V above RESIDENT_MAX_V
+    assert fits(few, 163842, 8, "f32") is None                     # rows not 16-byte aligned
+    assert fits(few, 163840, 8, "bf16", 8) is None                 # base not 16-byte aligned
+    # sm_120: both shapes are 8-block clusters; vocab 262144 f32 fits neither (the plain cluster path runs)
+    sm120 = dict(resident_wide_cluster=8, resident_wide_max_vectors=16)
+    assert fits(few, 163840, 8, "f32", **sm120) == ("narrow", 8, 81920)
+    assert fits(few, 262144, 8, "f32", **sm120) is None
 
 
 def test_few_rows_merge_in_a_cluster_without_workspace():

@@ -13,9 +13,10 @@ Paths (see the header of kernels/topk.cu):
     instead: one cluster of C blocks per row (the cubin's kdt_topk_cluster_size: 16 on sm_90, 8 on sm_120),
     merged over distributed shared memory.  Where V <= RESIDENT_MAX_V, the rows are 16-byte aligned (vocab a
     multiple of the elements per 16-byte vector) and a block's chunk fits its shared memory, the cluster runs
-    ``kdt_topk_resident_{f32,bf16}`` instead (kdt_topk_resident_cluster blocks of kdt_topk_resident_threads per
-    row): each block copies its whole chunk into shared memory at once (dynamic shared memory: the chunk, at
-    least the kernel's kdt_topk_resident_min_smem).
+    ``kdt_topk_resident_{wide,narrow}_{f32,bf16}`` instead (kdt_topk_resident_<shape>_cluster blocks of
+    kdt_topk_resident_threads per row; see resident_plan for the choice of shape): each block copies its whole
+    chunk into shared memory at once (dynamic shared memory: the chunk, at least the kernel's
+    kdt_topk_resident_<shape>_min_smem).
   * V > 32: ``kdt_topk_general_{f32,bf16}``, one 1024-thread block per row, no workspace.
 
 Workspace (only when 1 < S < CLUSTER_MIN_SPLITS), byte offsets, each part padded to 256 bytes:
@@ -54,9 +55,16 @@ CHUNK_ALIGN = 64       # chunk is a multiple of this many columns
 # merges over distributed shared memory instead (no workspace, no last-block round trip through global memory).
 CLUSTER_MIN_SPLITS = 8
 # The resident variant of the cluster path (see launch): V <= RESIDENT_MAX_V, 16-byte aligned rows, at most the
-# kernel's kdt_topk_resident_max_vectors 16-byte vectors per thread.  RESIDENT_PATH off: the plain cluster path.
+# kernel's kdt_topk_resident_<shape>_max_vectors 16-byte vectors per thread.  RESIDENT_PATH off: the plain
+# cluster path.
 RESIDENT_PATH = True
 RESIDENT_MAX_V = 8
+# Up to this many rows the wide shape (16-block clusters on sm_90) runs first, beyond it the narrow one (8-block
+# clusters).  The H200 co-schedules 7 16-block clusters at one block per SM and 15 8-block ones
+# (cuOccupancyMaxActiveClusters); a 15-row batch of 16-block clusters stacks three blocks on 16 SMs, whose data
+# lands last (K=15: 7.85 us wide against 7.01 narrow, f32; K=7: 5.44 wide, 6.42 narrow).
+RESIDENT_WIDE_MAX_ROWS = 7
+RESIDENT_SHAPES = ("wide", "narrow")
 VECTOR_BYTES = 16                            # the resident variant's loads and its row alignment
 VECTOR_ELEMENTS = {"f32": 4, "bf16": 8}      # elements per 16-byte vector
 PORTABLE_CLUSTER = 8     # larger clusters need the function's opt-in below
@@ -75,9 +83,9 @@ _CONSTS = {
 # Per-arch launch facts, read from the module: the small path's dynamic smem, the cluster path's blocks per row,
 # and the resident variant's blocks per row, threads, vectors per thread and least dynamic smem.
 ARCH_CONSTANTS = {"stage_bytes": "kdt_topk_small_stage_bytes", "cluster": "kdt_topk_cluster_size",
-                  "resident_cluster": "kdt_topk_resident_cluster", "resident_threads": "kdt_topk_resident_threads",
-                  "resident_max_vectors": "kdt_topk_resident_max_vectors",
-                  "resident_min_smem": "kdt_topk_resident_min_smem"}
+                  "resident_threads": "kdt_topk_resident_threads",
+                  **{f"resident_{shape}_{fact}": f"kdt_topk_resident_{shape}_{fact}"
+                     for shape in RESIDENT_SHAPES for fact in ("cluster", "max_vectors", "min_smem")}}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -127,17 +135,22 @@ def cluster_chunk(vocab: int, cluster: int) -> int:
     return _cdiv(_cdiv(vocab, cluster), CHUNK_ALIGN) * CHUNK_ALIGN
 
 
-def resident_smem(vocab: int, V: int, dtype: str, arch: dict[str, int], address: int) -> int | None:
-    """Dynamic shared memory of the resident variant for rows of `vocab` logits at `address` (`arch`: the
-    module's constants: its blocks per row and threads), or None where it does not apply (the plain cluster
-    path runs)."""
+def resident_plan(rows: int, vocab: int, V: int, dtype: str, arch: dict[str, int],
+                  address: int) -> tuple[str, int, int] | None:
+    """(shape, blocks per row, dynamic shared memory) of the resident variant for `rows` rows of `vocab` logits
+    at `address` (`arch`: the module's constants), or None where it does not apply (the plain cluster path
+    runs).  The preferred shape by the number of rows (RESIDENT_WIDE_MAX_ROWS), else the other one where only it
+    fits a block's chunk."""
     width = VECTOR_ELEMENTS[dtype]
     if not RESIDENT_PATH or V > RESIDENT_MAX_V or vocab % width or address % VECTOR_BYTES:
         return None
-    vectors = cluster_chunk(vocab, arch["resident_cluster"]) // width
-    if vectors > arch["resident_max_vectors"] * arch["resident_threads"]:
-        return None
-    return max(vectors * VECTOR_BYTES, arch["resident_min_smem"])
+    order = RESIDENT_SHAPES if rows <= RESIDENT_WIDE_MAX_ROWS else RESIDENT_SHAPES[::-1]
+    for shape in order:
+        blocks = arch[f"resident_{shape}_cluster"]
+        vectors = cluster_chunk(vocab, blocks) // width
+        if vectors <= arch[f"resident_{shape}_max_vectors"] * arch["resident_threads"]:
+            return shape, blocks, max(vectors * VECTOR_BYTES, arch[f"resident_{shape}_min_smem"])
+    return None
 
 
 def _ws_bytes(rows: int, S: int, vt: int | None) -> int:
@@ -217,11 +230,12 @@ def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None
     cluster = cluster_size(S, arch["cluster"])
     attributes = None
     if cluster:
-        smem = resident_smem(vocab, V, sfx, arch, int(logits.data.ptr))
-        if smem is not None:
-            blocks, threads = arch["resident_cluster"], arch["resident_threads"]
+        resident = resident_plan(rows, vocab, V, sfx, arch, int(logits.data.ptr))
+        if resident is not None:
+            shape, blocks, smem = resident
+            threads = arch["resident_threads"]
             attributes = {_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: 1} if blocks > PORTABLE_CLUSTER else None
-            fn = kernel_function(module, f"kdt_topk_resident_{sfx}", smem, attributes)
+            fn = kernel_function(module, f"kdt_topk_resident_{shape}_{sfx}", smem, attributes)
             fn((rows * blocks,), (threads,),
                (logits, top_ids, top_logp, np.int32(vocab), np.int32(V), np.int32(cluster_chunk(vocab, blocks))),
                shared_mem=smem)
