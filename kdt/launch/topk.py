@@ -62,7 +62,7 @@ RESIDENT_MAX_V = 8
 # Up to this many rows the wide shape (16-block clusters on sm_90) runs first, beyond it the narrow one (8-block
 # clusters).  The H200 co-schedules 7 16-block clusters at one block per SM and 15 8-block ones
 # (cuOccupancyMaxActiveClusters); a 15-row batch of 16-block clusters stacks three blocks on 16 SMs, whose data
-# lands last (K=15: 7.85 us wide against 7.01 narrow, f32; K=7: 5.44 wide, 6.42 narrow).
+# lands last (G=1 f32, wide / narrow: 7 rows 5.42 / 6.16 us, 15 rows 8.30 / 7.36; plans/perf-notes.md has the sweep).
 RESIDENT_WIDE_MAX_ROWS = 7
 RESIDENT_SHAPES = ("wide", "narrow")
 VECTOR_BYTES = 16                            # the resident variant's loads and its row alignment
