@@ -137,6 +137,7 @@
 #include <float.h>
 
 #include "common/bits.cuh"
+#include "common/mbarrier.cuh"
 
 namespace {
 
@@ -200,6 +201,9 @@ __device__ __forceinline__ float ex2(float x) {
     return exp2f(x);   // the host pass of nvcc; never called there
 #endif
 }
+
+// The shared-window address of a shared-memory object (what the PTX shared-state operands take).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 // 16-byte global -> shared copy that bypasses L1 (cp.async.cg) to the shared-window address dst, its group
 // bookkeeping, and the 16-byte read back (volatile + memory: never moved across the wait_group).
@@ -273,7 +277,7 @@ __device__ __forceinline__ void cluster_wait_acquire() { asm volatile("barrier.c
 __device__ __forceinline__ uint32_t cluster_addr(const void* local, uint32_t rank) {
     uint32_t there;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
-                 : "=r"(there) : "r"((uint32_t)__cvta_generic_to_shared(local)), "r"(rank));
+                 : "=r"(there) : "r"(smem_addr(local)), "r"(rank));
     return there;
 }
 __device__ __forceinline__ void store_to_block(const void* local, uint32_t rank, uint32_t value) {
@@ -798,7 +802,7 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
     constexpr uint32_t VEC_BYTES = 16;
     constexpr uint32_t SLOT_BYTES = U * T * VEC_BYTES;
     // shared-window address of this thread's word of step st's slot (vector u at + u*T*VEC_BYTES)
-    const uint32_t stage_addr = (uint32_t)__cvta_generic_to_shared(s_stage + tid);
+    const uint32_t stage_addr = smem_addr(s_stage + tid);
     auto slot_of = [&](int st) { return stage_addr + (uint32_t)(st & (SMALL_RING - 1)) * SLOT_BYTES; };
     // step st's copies into slot = slot_of(st), from sp = tp + st*U*T (the main loop carries both)
     auto issue_step = [&](int st, const Vec* sp, uint32_t slot) {
@@ -1004,36 +1008,19 @@ using ResNarrow = ResShape<RES_NARROW_CLUSTER, 20, 2>;
 __device__ __forceinline__ uint32_t shared_add(uint32_t* counter, uint32_t value) {
     uint32_t old;
     asm volatile("atom.shared.add.u32 %0, [%1], %2;\n"
-                 : "=r"(old) : "r"((uint32_t)__cvta_generic_to_shared(counter)), "r"(value) : "memory");
+                 : "=r"(old) : "r"(smem_addr(counter)), "r"(value) : "memory");
     return old;
 }
 
-// A block's own mbarriers, one per bulk copy: initialised for one arrival (thread 0's expect_tx of the copy's
-// bytes), complete when those bytes have landed; each is used once per launch (phase 0).  (Block 0 could
-// receive the other blocks' candidates the same way, as st.async stores that complete_tx on its mbarriers with
-// no cluster barrier: 0.1-0.25 us faster on the H200, but compute-sanitizer's racecheck never finishes on it.)
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(count)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_expect_local(uint64_t* bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 ::"r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
-}
-
+// (Block 0 could receive the other blocks' candidates the way a block receives its chunk, as st.async stores
+// that complete_tx on its mbarriers, with no cluster barrier: 0.1-0.25 us faster on the H200, but
+// compute-sanitizer's racecheck never finishes on it.)
 // One bulk copy (the TMA engine, no per-thread requests) of `bytes` (a multiple of 16, both addresses 16-byte
-// aligned) from global memory into this block's shared memory, completing its bytes on the block's mbarrier.
+// aligned) from global memory into this block's shared memory, completing its bytes on the block's mbarrier
+// `bar` (common/mbarrier.cuh), which an arrive_expect_tx of the same bytes has armed.
 __device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait_block(uint64_t* bar) {
-    const uint32_t addr = (uint32_t)__cvta_generic_to_shared(bar);
-    uint32_t done = 0;
-    while (!done) {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
-                     " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(addr) : "memory");
-    }
 }
 
 __device__ __forceinline__ float warp_sum(float x) {
@@ -1089,7 +1076,7 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
     const int lo = min(split * chunk, vocab);
     const int nvec = (min(lo + chunk, vocab) - lo) / VW;   // vocab and chunk are multiples of VW
     const int nv = tid < nvec ? (nvec - tid + T - 1) / T : 0;   // this thread's vectors: i*T + tid, i < nv
-    const uint32_t sp = (uint32_t)__cvta_generic_to_shared(s_data + tid);
+    const uint32_t sp = smem_addr(s_data + tid);
 
     // The whole chunk at once: one bulk copy per group of RES_GROUP * T vectors (the chunk's contiguous bytes, so
     // that thread tid's vector i lands at s_data[i * T + tid]), each on its own mbarrier.  Thread 0 issues them
@@ -1099,7 +1086,7 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
         s_count = 0u;
         s_survivors = 0u;
 #pragma unroll
-        for (int g = 0; g < GROUPS; ++g) mbar_init(&s_landed[g], 1);
+        for (int g = 0; g < GROUPS; ++g) kdt::mbar_init(smem_addr(&s_landed[g]), 1);   // thread 0's one arrival
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         const Vec* src = reinterpret_cast<const Vec*>(logits + (size_t)row * (size_t)vocab + lo);
@@ -1108,9 +1095,8 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
             const int first = g * RES_GROUP * T;
             if (first < nvec) {
                 const uint32_t bytes = (uint32_t)min(nvec - first, RES_GROUP * T) * VEC_BYTES;
-                mbar_expect_local(&s_landed[g], bytes);
-                bulk_copy_to_shared((uint32_t)__cvta_generic_to_shared(s_data + first), src + first, bytes,
-                                    (uint32_t)__cvta_generic_to_shared(&s_landed[g]));
+                kdt::mbar_arrive_expect_tx(smem_addr(&s_landed[g]), bytes);
+                bulk_copy_to_shared(smem_addr(s_data + first), src + first, bytes, smem_addr(&s_landed[g]));
             }
         }
     }
@@ -1124,7 +1110,7 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
 #pragma unroll
     for (int g = 0; g < GROUPS; ++g) {
         if (g * RES_GROUP * T >= nvec) break;              // block-uniform
-        mbar_wait_block(&s_landed[g]);
+        kdt::mbar_wait(smem_addr(&s_landed[g]), 0);        // each barrier's first and only phase
         Vec vg[RES_GROUP];
 #pragma unroll
         for (int u = 0; u < RES_GROUP; ++u) {

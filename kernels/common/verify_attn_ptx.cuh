@@ -5,7 +5,15 @@
 
 #include <stdint.h>
 
+#include "mbarrier.cuh"
+
 namespace va {
+
+// the warpgroup handoffs' mbarriers (common/mbarrier.cuh; no cluster: the fence.mbarrier_init.release.cluster
+// of multi-CTA pipelines is not needed)
+using kdt::mbar_arrive;
+using kdt::mbar_init;
+using kdt::mbar_wait;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -114,33 +122,6 @@ template <typename Fragment>
 __device__ __forceinline__ void wgmma_retire(Fragment& d) {
     wgmma_wait0();
     reg_fence_all(d);
-}
-
-// ---- shared-memory mbarriers (producer / consumer handoffs between warpgroups). An mbarrier is an 8-byte
-// object; a phase completes when `count` arrivals were made on it, and its phase bit then flips (the first
-// phase has parity 0). Unlike bar.arrive / bar.sync they carry explicit release / acquire semantics that
-// compute-sanitizer's racecheck models (a bar.arrive producer is reported as racing with its consumer).
-// One thread initialises; a __syncthreads() then publishes the init to the CTA (no cluster: the
-// fence.mbarrier_init.release.cluster of multi-CTA pipelines is not needed).
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// one arrival; release: this thread's earlier memory accesses are performed before a waiter's acquire of
-// the phase this arrival completes
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// block until the phase of parity `parity` has completed (acquire). Correct only if the barrier is at most
-// one phase ahead of the waiter (a phase two ahead has the same parity and would look pending).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred done;\n"
-        "MBAR_WAIT:\n"
-        "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra MBAR_WAIT;\n"
-        "}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
 }
 
 // D (64 x 32 f32) += A (64 x k16, smem desc, K-major) * B (32 x k16, smem desc, K-major)^T.
