@@ -144,6 +144,7 @@ namespace {
 constexpr unsigned FULL = 0xffffffffu;
 constexpr int SMALL_THREADS = 256;
 constexpr int SMALL_WARPS = SMALL_THREADS / 32;
+constexpr int VEC_BYTES = 16;       // one vector: a 16-byte load or copy (float4 / 8 x bf16)
 constexpr int SMALL_U = 4;          // 16-byte loads in flight per thread and step
 constexpr int SMALL_USTRIDE = 32;   // vectors between a thread's U vectors of one step (a warp-wide row)
 constexpr int SMALL_MAX_V = 32;
@@ -161,7 +162,7 @@ constexpr int SMALL_STAGES = 2;
 constexpr int SMALL_MIN_BLOCKS = 3;   // 80 registers per thread
 constexpr int ROW_CLUSTER = 16;
 #endif
-constexpr int SMALL_STAGE_BYTES = SMALL_STAGES * SMALL_U * SMALL_THREADS * 16;
+constexpr int SMALL_STAGE_BYTES = SMALL_STAGES * SMALL_U * SMALL_THREADS * VEC_BYTES;
 constexpr int SMALL_RING = SMALL_STAGES > 0 ? SMALL_STAGES : 1;    // modulus of the slot index
 static_assert((SMALL_RING & (SMALL_RING - 1)) == 0, "slot index = step & (SMALL_RING - 1)");
 constexpr int MAX_SPLITS = 128;
@@ -487,8 +488,13 @@ struct Softmax {
     __device__ __forceinline__ bool fused() const { return fabsf(b) <= FUSED_MAX_B; }
 
     // Online softmax: a group maximum gm above the base rescales s to a new base above gm.  The caller
-    // takes m = max(m, gm) and calls rebase only where needs_rebase (rarely: see process_group).
+    // takes m = max(m, gm) and, behind a warp vote on needs_rebase (rarely true: see process_group), calls
+    // rebase_warp on every lane.
     __device__ __forceinline__ bool needs_rebase(float gm) const { return gm > b; }
+    __device__ __forceinline__ void rebase_warp(bool moves, float gm) {
+        if (moves) rebase(gm);
+        warp_fused = __all_sync(FULL, fused());          // b changes only here
+    }
     __device__ __forceinline__ void rebase(float gm) {
         const float nb = gm + BASE_MARGIN;               // >= gm (= gm when BASE_MARGIN < ulp(gm) / 2)
         s *= ex2((b - nb) * LOG2E);
@@ -587,8 +593,7 @@ __device__ __forceinline__ void process_group(const typename E::Vec (&v)[NV], co
                 }
             }
         }
-        if (rebase) sm.rebase(gm);
-        sm.warp_fused = __all_sync(FULL, sm.fused());     // b changes only here
+        sm.rebase_warp(rebase, gm);
     }
 
     add_group<E>(sm, v);
@@ -799,7 +804,6 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
     // copied itself, so no barrier is needed, only cp.async.wait_group.
     const int nfull = nv / (T * U);
     extern __shared__ uint4 s_stage[];                  // [SMALL_STAGES][U][T]
-    constexpr uint32_t VEC_BYTES = 16;
     constexpr uint32_t SLOT_BYTES = U * T * VEC_BYTES;
     // shared-window address of this thread's word of step st's slot (vector u at + u*T*VEC_BYTES)
     const uint32_t stage_addr = smem_addr(s_stage + tid);
@@ -997,7 +1001,7 @@ struct ResShape {
     static_assert(MAX_VECTORS % RES_GROUP == 0 && groups <= 32, "whole groups, one candidate bit per group");
     static_assert(RES_VT <= top_sent * CLUSTER, "a threshold from RES_VT distinct warp maxima");
     static_assert(top_sent * CLUSTER == 32 && top_sent <= RES_WARPS, "one warp reads the sent maxima");
-    static_assert(recv % RES_THREADS == 0 && RES_THREADS % RES_SEND_CAP == 0 && min_smem >= RES_THREADS * 16,
+    static_assert(recv % RES_THREADS == 0 && RES_THREADS % RES_SEND_CAP == 0 && min_smem >= RES_THREADS * VEC_BYTES,
                   "block 0 scans whole slot rows");
 };
 using ResWide = ResShape<ROW_CLUSTER, 16, 3>;
@@ -1012,9 +1016,6 @@ __device__ __forceinline__ uint32_t shared_add(uint32_t* counter, uint32_t value
     return old;
 }
 
-// (Block 0 could receive the other blocks' candidates the way a block receives its chunk, as st.async stores
-// that complete_tx on its mbarriers, with no cluster barrier: 0.1-0.25 us faster on the H200, but
-// compute-sanitizer's racecheck never finishes on it.)
 // One bulk copy (the TMA engine, no per-thread requests) of `bytes` (a multiple of 16, both addresses 16-byte
 // aligned) from global memory into this block's shared memory, completing its bytes on the block's mbarrier
 // `bar` (common/mbarrier.cuh), which an arrive_expect_tx of the same bytes has armed.
@@ -1042,7 +1043,6 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
     constexpr int SEND_CAP = RES_SEND_CAP;
     constexpr int LOCAL_CAP = RES_LOCAL_CAP;
     constexpr int TOP_SENT = Shape::top_sent;
-    constexpr uint32_t VEC_BYTES = 16;
 
     // block 0's receive slots, written by every block of the cluster (block 0 too)
     __shared__ uint2 r_cand[S][SEND_CAP];
@@ -1121,10 +1121,7 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
         gmax[g] = gm;
         sm.m = fmaxf(sm.m, gm);
         const bool rebase = sm.needs_rebase(gm);
-        if (__any_sync(FULL, rebase)) {
-            if (rebase) sm.rebase(gm);
-            sm.warp_fused = __all_sync(FULL, sm.fused());
-        }
+        if (__any_sync(FULL, rebase)) sm.rebase_warp(rebase, gm);
         add_group<E>(sm, vg);
     }
     sm.finish();
@@ -1174,8 +1171,8 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
         uint32_t pass = 0;
 #pragma unroll
         for (int u = 0; u < RES_GROUP; ++u) {
-            // all four loads at once: an index past the thread's vectors reads a real slot (at most
-            // T - 1 < MIN_SMEM / 16) and is masked
+            // the group's loads at once: an index past the thread's vectors reads a real slot (at most
+            // T - 1 < Shape::min_smem / VEC_BYTES) and is masked
             const int i = g * RES_GROUP + u;
             float x[VW];
             E::unpack(E::from_bits(s_data[max(min(i, nv - 1), 0) * T + tid]), x);   // its own copy: visible
@@ -1251,7 +1248,10 @@ __device__ __forceinline__ void resident_impl(const Tin* __restrict__ logits, in
         store_to_block(&r_m[split], 0u, __float_as_uint(block_max));
         store_to_block(&r_s[split], 0u, __float_as_uint(block_sum));
     }
-    cluster_arrive_release();                               // the stores above, published to block 0
+    // The stores above, published to block 0.  (st.async stores that complete_tx on block 0's mbarriers, with
+    // no cluster barrier, measured 0.1-0.25 us faster on the H200, but compute-sanitizer's racecheck never
+    // finishes on them.)
+    cluster_arrive_release();
     cluster_wait_acquire();
     if (split != 0) return;                                 // (after the barrier: block 0 never reads a block
                                                             // that has exited, no block stores into an exited one)

@@ -153,6 +153,11 @@ def resident_plan(rows: int, vocab: int, V: int, dtype: str, arch: dict[str, int
     return None
 
 
+def _cluster_attributes(blocks: int) -> dict[int, int] | None:
+    """The function attributes a launch of `blocks`-block clusters needs: the opt-in above the portable size."""
+    return {_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: 1} if blocks > PORTABLE_CLUSTER else None
+
+
 def _ws_bytes(rows: int, S: int, vt: int | None) -> int:
     if vt is None or S <= 1 or uses_cluster(S):   # the cluster path needs no workspace
         return 0
@@ -228,22 +233,19 @@ def launch(module, inputs: dict, params: dict, outputs: dict, workspace) -> None
         return
 
     cluster = cluster_size(S, arch["cluster"])
-    attributes = None
+    attributes = _cluster_attributes(cluster)
     if cluster:
         resident = resident_plan(rows, vocab, V, sfx, arch, int(logits.data.ptr))
         if resident is not None:
             shape, blocks, smem = resident
             threads = arch["resident_threads"]
-            attributes = {_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: 1} if blocks > PORTABLE_CLUSTER else None
-            fn = kernel_function(module, f"kdt_topk_resident_{shape}_{sfx}", smem, attributes)
+            fn = kernel_function(module, f"kdt_topk_resident_{shape}_{sfx}", smem, _cluster_attributes(blocks))
             fn((rows * blocks,), (threads,),
                (logits, top_ids, top_logp, np.int32(vocab), np.int32(V), np.int32(cluster_chunk(vocab, blocks))),
                shared_mem=smem)
             return
         S = cluster
         chunk = cluster_chunk(vocab, S)
-        if cluster > PORTABLE_CLUSTER:
-            attributes = {_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: 1}
         name = f"kdt_topk_cluster_{sfx}_v{vt}"
         ws = np.uint64(0)  # the cluster merges in shared memory: no workspace
     else:
