@@ -39,6 +39,7 @@ class BenchShape:
     name: str
     make_inputs: Callable[[object], dict]   # (cupy) -> device inputs (CuPy arrays, ops.Bf16)
     params: dict
+    layout: dict                             # input name -> (shape, dtype name): what a launch plan needs
     bytes_moved: int                         # the fewest bytes the stage must move through device memory
     flops: int = 0
     cpu_baseline: bool = True                # run the reference on the CPU as a baseline (small shapes only)
@@ -73,6 +74,8 @@ class ShapeResult:
     cpu_reference_us: float | None = None
     torch_us: float | None = None
     notes: list[str] = field(default_factory=list)
+    knobs: dict = field(default_factory=dict)   # the launch knobs set for this run (a sweep's point)
+    path: str = ""                              # the launch plan's path
 
 
 def _summary(samples_us: list[float]) -> Timing:
@@ -132,27 +135,29 @@ def time_graph(cp, launch: Callable[[int], None], rotate: int, runs: int = MIN_R
     return _summary([us / GRAPH_LAUNCHES for us in _event_us(cp, stream, lambda _: graph.launch(stream), runs)])
 
 
-def bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool = True, baselines: bool = True) -> ShapeResult:
-    """Time one shape; its buffers (gigabytes for long prefixes) go back to the driver before the next."""
+def bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool = True, baselines: bool = True,
+                knobs: dict | None = None) -> ShapeResult:
+    """Time one shape (with the launch `knobs`, if any); its buffers (gigabytes for long prefixes) go back to the
+    driver before the next."""
     try:
-        return _bench_shape(spec, shape, peaks, graph, baselines)
+        return _bench_shape(spec, shape, peaks, graph, baselines, dict(knobs or {}))
     finally:
         runtime.cupy().get_default_memory_pool().free_all_blocks()
 
 
-def _bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool, baselines: bool) -> ShapeResult:
+def _bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool, baselines: bool, knobs: dict) -> ShapeResult:
     cp = runtime.cupy()
     first = shape.make_inputs(cp)
     set_bytes = sum(_nbytes(v) for v in first.values())
     rotate = max(1, min(MAX_ROTATE, math.ceil(L2_ROTATE_BYTES / max(set_bytes, 1))))
     input_sets = [first] + [{k: _copy(cp, v) for k, v in first.items()} for _ in range(rotate - 1)]
     params = dict(shape.params)
-    outputs = verify.allocate_outputs(spec, first, {**params, **_dtype_params(first)})
-    shapes = {k: tuple(v.shape) for k, v in first.items()}
-    workspace = ops.workspace_for(spec, shapes, {**params, **_dtype_params(first)})
+    outputs = verify.allocate_outputs(spec, first, params)
+    workspace = ops.workspace_for(spec, first, params, knobs=knobs)
+    path = ops.plan(spec, first, params, knobs=knobs).path
 
     def launch(i: int) -> None:
-        ops.run(spec, input_sets[i], params, out=outputs, workspace=workspace)
+        ops.run(spec, input_sets[i], params, out=outputs, workspace=workspace, knobs=knobs)
 
     eager = time_eager(cp, launch, rotate)
     small = graph and (eager.median_us < GRAPH_BELOW_US or kernel_us(cp, launch) < GRAPH_BELOW_US)
@@ -162,7 +167,7 @@ def _bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool, baselin
     tflops = shape.flops / headline / 1e6 if shape.flops else 0.0
     result = ShapeResult(spec.name, shape.name, params, shape.bytes_moved, shape.flops, shape.size or shape.bytes_moved,
                          shape.size_label if shape.size else "bytes moved (model)", eager, graphed, headline, gbps, 100 * gbps / peaks.copy_gbps, tflops,
-                         100 * tflops / peaks.matmul_tflops if shape.flops else 0.0)
+                         100 * tflops / peaks.matmul_tflops if shape.flops else 0.0, knobs=knobs, path=path)
     if baselines and shape.cpu_baseline:
         host = {k: verify.download(v) for k, v in first.items()}
         spec.reference(host, params)  # warm: first call pays imports
@@ -186,23 +191,24 @@ def _copy(cp, value):
     return ops.Bf16(value.bits.copy()) if isinstance(value, ops.Bf16) else value.copy()
 
 
-def _dtype_params(inputs: dict) -> dict:
-    return {f"{k}_dtype": ("bfloat16" if isinstance(v, ops.Bf16) else str(v.dtype)) for k, v in inputs.items()}
-
-
 def results_json(results: list[ShapeResult], peaks) -> str:
     return json.dumps({"peaks": asdict(peaks), "results": [asdict(r) for r in results]}, indent=2)
 
 
 def regressions(results: list[ShapeResult], baseline: dict, max_regression_pct: float) -> list[tuple[str, str, float, float]]:
     """(kernel, shape, baseline us, now us) for every shape slower than the baseline by more than PCT."""
-    before = {(r["kernel"], r["shape"]): r["headline_us"] for r in baseline.get("results", [])}
+    before = {(r["kernel"], r["shape"], _knob_key(r.get("knobs", {}))): r["headline_us"]
+              for r in baseline.get("results", [])}
     slower = []
     for r in results:
-        old = before.get((r.kernel, r.shape))
+        old = before.get((r.kernel, r.shape, _knob_key(r.knobs)))
         if old is not None and r.headline_us > old * (1 + max_regression_pct / 100):
             slower.append((r.kernel, r.shape, old, r.headline_us))
     return slower
+
+
+def _knob_key(knobs: dict) -> str:
+    return ",".join(f"{name}={value}" for name, value in sorted(knobs.items()))
 
 
 def plot(results: list[ShapeResult], path) -> None:

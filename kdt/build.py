@@ -1,8 +1,13 @@
-"""`kdt build`: nvcc to one cubin per kernel and arch, cached by everything that shapes the binary.
+"""`kdt build`: nvcc to one cubin per kernel source and arch, cached by everything that shapes the binary.
 
-The cache key covers the kernel source, every header it includes from kernels/ (recursively), the flags,
-the arch and nvcc's version, so an unchanged kernel is never compiled twice. Cubins, not PTX: PTX from a
-newer nvcc does not load on an older driver. Warnings are errors.
+A kernel source is `kernels/<name with _>.cu`: one per stage (named like the stage) and the pipeline's synthetic
+models (`synthetic-target`). The cache key covers the source, every header it includes from kernels/
+(recursively), the flags, the arch and nvcc's version, so an unchanged kernel is never compiled twice. Cubins, not
+PTX: PTX from a newer nvcc does not load on an older driver. Warnings are errors.
+
+Next to each cubin its report (JSON): the resources ptxas gave each entry function and the launch constants the
+source exports (`extern "C" __constant__ int kdt_*`), read from the cubin's symbol table on the CPU, so launch
+plans can be made and printed without a GPU.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class BuildResult:
     cubin: Path
     cached: bool
     resources: list[FunctionResources] = field(default_factory=list)
+    constants: dict[str, int] = field(default_factory=dict)   # the cubin's exported kdt_* launch constants
 
 
 def cache_dir() -> Path:
@@ -58,8 +64,17 @@ def cache_dir() -> Path:
     return Path(root) / "cubins"
 
 
-def source_path(spec: StageSpec) -> Path:
-    return KERNELS_DIR / f"{spec.module_name}.cu"
+def kernel_name(kernel: str | StageSpec) -> str:
+    return kernel.name if isinstance(kernel, StageSpec) else kernel
+
+
+def source_path(kernel: str | StageSpec) -> Path:
+    return KERNELS_DIR / f"{kernel_name(kernel).replace('-', '_')}.cu"
+
+
+def kernel_names() -> list[str]:
+    """Every kernel source under kernels/, by name (`tree_build.cu` -> `tree-build`)."""
+    return sorted(path.stem.replace("_", "-") for path in KERNELS_DIR.glob("*.cu"))
 
 
 def _included_files(source: Path, seen: set[Path] | None = None) -> list[Path]:
@@ -115,20 +130,50 @@ def parse_ptxas(log: str) -> list[FunctionResources]:
     return out
 
 
-def build(spec: StageSpec, arch: str, nvcc: toolkit.Nvcc | None = None, force: bool = False) -> BuildResult:
-    source = source_path(spec)
+def exported_constants(cubin: Path) -> dict[str, int]:
+    """`extern "C" __constant__ int kdt_*` of a cubin: name -> value, from its ELF symbol table."""
+    from elftools.elf.elffile import ELFFile
+
+    constants = {}
+    with open(cubin, "rb") as handle:
+        elf = ELFFile(handle)
+        symbols = elf.get_section_by_name(".symtab")
+        for symbol in symbols.iter_symbols() if symbols else ():
+            if not symbol.name.startswith("kdt_") or symbol["st_size"] != 4:
+                continue
+            section = elf.get_section(symbol["st_shndx"]) if isinstance(symbol["st_shndx"], int) else None
+            if section is None or not section.name.startswith(".nv.constant"):
+                continue
+            start = symbol["st_value"]
+            constants[symbol.name] = int.from_bytes(section.data()[start:start + 4], "little", signed=True)
+    return constants
+
+
+def _read_report(path: Path) -> tuple[list[FunctionResources], dict[str, int]] | None:
+    """A cached build's report, or None where it is missing or from an older kdt (then the kernel is rebuilt)."""
+    try:
+        report = json.loads(path.read_text())
+        return [FunctionResources(**item) for item in report["resources"]], dict(report["constants"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def build(kernel: str | StageSpec, arch: str, nvcc: toolkit.Nvcc | None = None, force: bool = False) -> BuildResult:
+    """The cubin of `kernel` (a stage or another source under kernels/) for `arch`, from the cache or nvcc."""
+    name = kernel_name(kernel)
+    source = source_path(name)
     if not source.is_file():
-        raise BuildError(spec.name, arch, f"no kernel source at {source}")
+        raise BuildError(name, arch, f"no kernel source at {source}")
     nvcc = nvcc or toolkit.find_nvcc()
     if nvcc is None:
         raise toolkit.ToolkitMissing("nvcc not found (PATH, CUDA_HOME, cuda-pathfinder): cannot build kernels")
     key = cache_key(source, arch, nvcc.version)
     directory = cache_dir()
-    cubin = directory / f"{spec.module_name}.{arch}.{key}.cubin"
+    cubin = directory / f"{source.stem}.{arch}.{key}.cubin"
     report = cubin.with_suffix(".json")
-    if cubin.is_file() and report.is_file() and not force:
-        resources = [FunctionResources(**item) for item in json.loads(report.read_text())]
-        return BuildResult(spec.name, arch, cubin, True, resources)
+    cached = _read_report(report) if cubin.is_file() and not force else None
+    if cached is not None:
+        return BuildResult(name, arch, cubin, True, *cached)
     directory.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{cubin.name}.", dir=directory)
     os.close(handle)
@@ -139,10 +184,21 @@ def build(spec: StageSpec, arch: str, nvcc: toolkit.Nvcc | None = None, force: b
         log = done.stdout + done.stderr
         if done.returncode != 0:
             messages = [line for line in log.splitlines() if "ptxas info" not in line and "bytes stack frame" not in line]
-            raise BuildError(spec.name, arch, "\n".join(messages).strip())
+            raise BuildError(name, arch, "\n".join(messages).strip())
         resources = parse_ptxas(log)
-        report.write_text(json.dumps([asdict(r) for r in resources]))
+        constants = exported_constants(Path(temporary))
         os.replace(temporary, cubin)
+        _write_atomically(report, json.dumps({"resources": [asdict(r) for r in resources], "constants": constants}))
     finally:
         Path(temporary).unlink(missing_ok=True)
-    return BuildResult(spec.name, arch, cubin, False, resources)
+    return BuildResult(name, arch, cubin, False, resources, constants)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+        os.replace(temporary, path)
+    finally:
+        Path(temporary).unlink(missing_ok=True)

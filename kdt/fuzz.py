@@ -240,12 +240,13 @@ def device_healthy() -> bool:
         return False
 
 
-def device_runner(graph: bool = False) -> Callable:
-    """The real `run_case`: `kdt.verify.verify_case` (poisoned outputs, both patterns), eager or in a graph."""
+def device_runner(graph: bool = False, knobs: dict | None = None) -> Callable:
+    """The real `run_case`: `kdt.verify.verify_case` (poisoned outputs, both patterns), eager or in a graph, with the
+    launch `knobs` (if any)."""
     from kdt import verify
 
     def run(spec: StageSpec, item: golden.GoldenCase):
-        return verify.verify_case(spec, item, max_diffs=3, graph=graph)
+        return verify.verify_case(spec, item, max_diffs=3, graph=graph, knobs=knobs)
 
     return run
 

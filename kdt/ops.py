@@ -1,24 +1,30 @@
 """`kdt.ops`: launch a stage's kernel on arrays that are already on the GPU.
 
-Anything with `__cuda_array_interface__` or DLPack (CuPy, PyTorch, ...) goes in without a copy; CuPy arrays
-come out. bf16 travels as uint16 bits: pass a PyTorch bfloat16 tensor, or wrap a CuPy uint16 array in
-`kdt.ops.Bf16(...)`; bf16 outputs come back as `Bf16`. Shapes, dtypes, device, contiguity and the
-contract's limits are checked before any launch (values are not: a NaN reaches the kernel unseen; run the
-reference for a full check).
+Anything with `__cuda_array_interface__` or DLPack (CuPy, PyTorch, ...) goes in without a copy; CuPy arrays come
+out. bf16 travels as uint16 bits: pass a PyTorch bfloat16 tensor, or wrap a CuPy uint16 array in `kdt.ops.Bf16`;
+bf16 outputs come back as `Bf16`. Shapes, dtypes, device, contiguity and the contract's limits are checked before
+any launch, by the stage's spec (values are not: a NaN reaches the kernel unseen; the references check values).
 
-CUDA graphs: a launch allocates nothing when `out=` and `workspace=` are given (see `workspace_for`), and
-never synchronises or reads device memory on the host, so it can be captured. The first call of a stage
-builds or loads its module: make it once before capturing.
+Every function takes keyword-only `out=` (preallocated outputs: a mapping by name, or the result type itself),
+`workspace=` (see `workspace_for`), `stream=` (default: CuPy's current stream) and `knobs=` (launch choices by
+name, see `kdt plan STAGE` and `kdt/launch/<stage>.py`; they change speed, never results).
+
+CUDA graphs: with `out=` and `workspace=` a launch allocates nothing; it never synchronises or reads device memory
+on the host, so it can be captured. The first call of a stage builds or loads its module: make it once before
+capturing. Kernels that use a workspace must not run concurrently on two streams with the same workspace.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
 from kdt import runtime, stages
+from kdt.launch.common import run_plan
+from kdt.launch.plan import ArraySpec, LaunchPlan, Target, make_knobs
 from kdt.spec import OutputLayout, StageSpec
 from refs.errors import BadInput
 
@@ -32,6 +38,47 @@ class Bf16:
     @property
     def shape(self):
         return self.bits.shape
+
+
+class TopK(NamedTuple):
+    """`topk` outputs, [G, K, V]: the ids of the V largest logits of each row (descending; equal logits: smaller id
+    first) and their log-probabilities (logit - logsumexp(row))."""
+
+    top_ids: Any    # int32
+    top_logp: Any   # float32
+
+
+class Tree(NamedTuple):
+    """`tree-build` outputs for N = B + 1 slots (slot 0 the root): per request the number of nodes taken, and per
+    slot its parent, depth, token, rank, path score, first child and next sibling (-1 where none), and its
+    ancestor mask (bit j of row i set iff j is i or an ancestor of i)."""
+
+    n_nodes: Any        # int32 [G]
+    parent: Any         # int32 [G, N]
+    depth: Any          # int32 [G, N]
+    token: Any          # int32 [G, N]
+    rank: Any           # int32 [G, N]
+    logw: Any           # float32 [G, N]
+    first_child: Any    # int32 [G, N]
+    next_sibling: Any   # int32 [G, N]
+    mask: Any           # uint32 [G, N, ceil(N / 32)]
+
+
+class Acceptance(NamedTuple):
+    """`tree-accept` outputs: accepted draft nodes per request (0..K), the accepted slots (slot 0 first, then -1),
+    and the accepted tokens followed by the bonus token (then -1)."""
+
+    accept_len: Any     # int32 [G]
+    accept_index: Any   # int32 [G, K + 1]
+    accept_tokens: Any  # int32 [G, K + 1]
+
+
+class Attention(NamedTuple):
+    """`verify-attn` outputs: softmax(scores) @ values per (request, slot, head), and the natural-log logsumexp of
+    the scaled scores (-inf and 0 for slots past n_nodes)."""
+
+    out: Any    # float32 or Bf16 [G, N, H, Dv]
+    lse: Any    # float32 [G, N, H]
 
 
 def _device_array(value, name: str):
@@ -74,16 +121,71 @@ def _check_placement(name: str, array, device_id: int) -> None:
         raise BadInput(name, "a C-contiguous array", f"strides {array.strides}")
 
 
+def _stage(stage: str | StageSpec) -> StageSpec:
+    return stage if isinstance(stage, StageSpec) else stages.get(stage)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_plan(stage: str, inputs: tuple, params: tuple, target: Target, knobs) -> LaunchPlan:
+    return runtime.launcher(stages.get(stage)).plan(dict(inputs), dict(params), target, knobs)
+
+
+def plan_for(stage: str | StageSpec, inputs: Mapping[str, ArraySpec], params: Mapping[str, Any], target: Target,
+             knobs: Mapping[str, Any] | None = None) -> LaunchPlan:
+    """The launch plan for inputs described by ArraySpecs, for `target` (no GPU needed). The layout and the
+    parameters are checked against the contract first (BadInput)."""
+    spec = _stage(stage)
+    shapes, dtypes = {n: s.shape for n, s in inputs.items()}, {n: s.dtype for n, s in inputs.items()}
+    spec.check_layout(shapes, dtypes, dict(params))
+    if spec.check_launch is not None:
+        spec.check_launch(shapes, dtypes, dict(params))
+    chosen = make_knobs(runtime.launcher(spec).Knobs, knobs)
+    try:
+        key = (tuple(sorted(inputs.items())), tuple(sorted(params.items())))
+        hash(key)
+    except TypeError:   # a parameter value that cannot be hashed (a list, an array): plan without the cache
+        return runtime.launcher(spec).plan(dict(inputs), dict(params), target, chosen)
+    return _cached_plan(spec.name, *key, target, chosen)
+
+
+def _prepare(spec: StageSpec, inputs: Mapping[str, Any], params: Mapping[str, Any], knobs):
+    """(CuPy arrays by name, the launch plan) for one call on the current device."""
+    cp = runtime.cupy()
+    device_id = cp.cuda.Device().id
+    arrays, specs = {}, {}
+    for name, value in inputs.items():
+        if value is None:
+            continue
+        if name not in spec.inputs:
+            raise BadInput(name, f"one of the {spec.name} inputs {', '.join(spec.inputs)}", "an unknown input")
+        arrays[name], dtype = _device_array(value, name)
+        _check_placement(name, arrays[name], device_id)
+        specs[name] = ArraySpec.of(arrays[name], dtype)
+    return arrays, specs, plan_for(spec, specs, params, runtime.target(spec.name), knobs)
+
+
+def plan(stage: str | StageSpec, inputs: Mapping[str, Any], params: Mapping[str, Any], *,
+         knobs: Mapping[str, Any] | None = None) -> LaunchPlan:
+    """The launch plan `run` would launch for these arrays on the current GPU (print it, or assert on it)."""
+    return _prepare(_stage(stage), inputs, params, knobs)[2]
+
+
 _workspaces: dict[tuple, Any] = {}
 
 
-def workspace_for(spec: StageSpec, shapes: Mapping[str, tuple], params: Mapping) -> Any:
-    """The stage's scratch memory for these shapes: zero-filled once, then reused (kernels leave it zero)."""
-    cp = runtime.cupy()
-    sizer = getattr(runtime.launcher(spec), "workspace_nbytes", None)
-    nbytes = int(sizer(dict(shapes), dict(params))) if sizer else 0
+def workspace_for(stage: str | StageSpec, inputs: Mapping[str, Any], params: Mapping[str, Any], *,
+                  knobs: Mapping[str, Any] | None = None) -> Any:
+    """The scratch memory `run` needs for these inputs (None if none): zero-filled once, then shared by every call
+    that needs as many bytes (kernels leave it zero)."""
+    spec = _stage(stage)
+    nbytes = _prepare(spec, inputs, params, knobs)[2].workspace_bytes
+    return _workspace(spec, nbytes)
+
+
+def _workspace(spec: StageSpec, nbytes: int):
     if nbytes == 0:
         return None
+    cp = runtime.cupy()
     key = (spec.name, cp.cuda.Device().id, nbytes)
     if key not in _workspaces:
         _workspaces[key] = cp.zeros(nbytes, cp.uint8)
@@ -91,24 +193,17 @@ def workspace_for(spec: StageSpec, shapes: Mapping[str, tuple], params: Mapping)
 
 
 def run(stage: str | StageSpec, inputs: Mapping[str, Any], params: Mapping[str, Any], *,
-        out: Mapping[str, Any] | None = None, workspace: Any = None, stream: Any = None) -> dict[str, Any]:
-    """Launch `stage` once. Returns the outputs (those of `out` when given, else new CuPy arrays)."""
-    spec = stage if isinstance(stage, StageSpec) else stages.get(stage)
+        out: Mapping[str, Any] | None = None, workspace: Any = None, stream: Any = None,
+        knobs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Launch `stage` once on `inputs` (by contract name) with its scalar `params`. Returns the outputs by name:
+    those of `out` where given, else new CuPy arrays (bf16 as `Bf16`)."""
+    spec = _stage(stage)
     cp = runtime.cupy()
+    arrays, specs, launch_plan = _prepare(spec, inputs, params, knobs)
+    layout: dict[str, OutputLayout] = spec.output_layout({n: s.shape for n, s in specs.items()}, dict(params))
+    if out is not None and hasattr(out, "_asdict"):
+        out = out._asdict()
     device_id = cp.cuda.Device().id
-    arrays, dtypes = {}, {}
-    for name, value in inputs.items():
-        if value is None:
-            continue
-        if name not in spec.inputs:
-            raise BadInput(name, f"one of the {spec.name} inputs {', '.join(spec.inputs)}", "an unknown input")
-        arrays[name], dtypes[name] = _device_array(value, name)
-        _check_placement(name, arrays[name], device_id)
-    shapes = {name: tuple(array.shape) for name, array in arrays.items()}
-    launch_params = dict(params)
-    spec.check_layout(shapes, dtypes, launch_params)
-    launch_params.update({f"{name}_dtype": dtype for name, dtype in dtypes.items()})
-    layout: dict[str, OutputLayout] = spec.output_layout(shapes, launch_params)
     outputs = {}
     for name, want in layout.items():
         if out is not None and name in out:
@@ -119,36 +214,117 @@ def run(stage: str | StageSpec, inputs: Mapping[str, Any], params: Mapping[str, 
             outputs[name] = array
         else:
             outputs[name] = cp.empty(want.shape, _np_dtype(want.dtype))
-    if workspace is None:
-        workspace = workspace_for(spec, shapes, launch_params)
+    if launch_plan.workspace_bytes:
+        if workspace is None:
+            workspace = _workspace(spec, launch_plan.workspace_bytes)
+        else:
+            workspace, _ = _device_array(workspace, "workspace")
+            if workspace.nbytes < launch_plan.workspace_bytes or workspace.data.ptr % 256:
+                raise BadInput("workspace", f"at least {launch_plan.workspace_bytes} bytes, 256-byte aligned "
+                                            "(kdt.ops.workspace_for)", f"{workspace.nbytes} bytes")
+            workspace = workspace.reshape(-1).view(cp.uint8)
     module = runtime.load(spec.name)
-    with (stream if stream is not None else cp.cuda.get_current_stream()):
-        runtime.launcher(spec).launch(module, arrays, launch_params, outputs, workspace)
+    run_plan(module, launch_plan, {**arrays, **outputs}, workspace,
+             stream if stream is not None else cp.cuda.get_current_stream())
     return {name: Bf16(array) if layout[name].dtype == "bfloat16" else array for name, array in outputs.items()}
 
 
-def topk(logits, k: int, **options) -> dict[str, Any]:
-    """logits [G, K, vocab] float32 or bf16 -> {top_ids int32, top_logp float32} [G, K, k]."""
-    return run("topk", {"logits": logits}, {"k": k}, **options)
+def topk(logits, k: int, *, out=None, workspace=None, stream=None, knobs=None) -> TopK:
+    """Top-k log-probabilities of drafter logits.
+
+    Parameters
+    ----------
+    logits : float32 or bf16 [G, K, vocab]
+        One row per (request, draft position); -inf (masked vocabulary) is legal, NaN is not.
+    k : int
+        V, the candidates kept per row: 1 <= k <= min(vocab, 1024).
+    out, workspace, stream, knobs
+        Keyword-only; see the module docstring.
+
+    Returns
+    -------
+    TopK(top_ids int32 [G, K, k], top_logp float32 [G, K, k])
+    """
+    return TopK(**run("topk", {"logits": logits}, {"k": k}, out=out, workspace=workspace, stream=stream, knobs=knobs))
 
 
-def tree_build(top_logp, top_ids, budget: int, **options) -> dict[str, Any]:
-    """top_logp float32 / top_ids int32 [G, K, V] -> the contract's tree outputs for N = budget + 1 slots."""
-    return run("tree-build", {"top_logp": top_logp, "top_ids": top_ids}, {"budget": budget}, **options)
+def tree_build(top_logp, top_ids, budget: int, *, out=None, workspace=None, stream=None, knobs=None) -> Tree:
+    """The best-first draft tree of each request.
+
+    Parameters
+    ----------
+    top_logp : float32 [G, K, V]
+        Each row non-increasing (-inf legal); what `topk` returns.
+    top_ids : int32 [G, K, V]
+    budget : int
+        B, nodes per tree besides the root: 1 <= B <= 1023 (V = B works).
+    out, workspace, stream, knobs
+        Keyword-only; see the module docstring.
+
+    Returns
+    -------
+    Tree (N = budget + 1 slots): n_nodes [G]; parent, depth, token, rank, first_child, next_sibling int32 and logw
+    float32 [G, N]; mask uint32 [G, N, ceil(N / 32)].
+    """
+    return Tree(**run("tree-build", {"top_logp": top_logp, "top_ids": top_ids}, {"budget": budget},
+                     out=out, workspace=workspace, stream=stream, knobs=knobs))
 
 
 def tree_accept(token, first_child, next_sibling, n_nodes, max_depth: int, *, target_predict=None,
-                target_logits=None, **options) -> dict[str, Any]:
-    """The greedy walk; exactly one of target_predict int32 [G, N] / target_logits [G, N, vocab]."""
+                target_logits=None, out=None, workspace=None, stream=None, knobs=None) -> Acceptance:
+    """Greedy acceptance: walk the tree while a child carries the target's argmax.
+
+    Parameters
+    ----------
+    token, first_child, next_sibling : int32 [G, N]
+        Any tree in this encoding (siblings in any slot order); out-of-range or cyclic pointers end the walk.
+    n_nodes : int32 [G]
+    max_depth : int
+        K, the most nodes accepted.
+    target_predict : int32 [G, N], optional
+        The target's argmax at each slot; or
+    target_logits : float32 or bf16 [G, N, vocab], optional
+        The target's logits (the argmax is fused: equal logits, smaller id). Exactly one of the two.
+    out, workspace, stream, knobs
+        Keyword-only; see the module docstring.
+
+    Returns
+    -------
+    Acceptance(accept_len int32 [G], accept_index int32 [G, K + 1], accept_tokens int32 [G, K + 1])
+    """
     inputs = {"token": token, "first_child": first_child, "next_sibling": next_sibling, "n_nodes": n_nodes,
               "target_predict": target_predict, "target_logits": target_logits}
-    return run("tree-accept", inputs, {"max_depth": max_depth}, **options)
+    return Acceptance(**run("tree-accept", inputs, {"max_depth": max_depth}, out=out, workspace=workspace, stream=stream, knobs=knobs))
 
 
-def verify_attn(q, kv_cache, block_table, prefix_len, kv_tree, mask, n_nodes, softmax_scale: float,
-                d_v: int = 512, out_dtype: str = "float32", **options) -> dict[str, Any]:
-    """MLA tree-verify attention -> {out [G, N, H, d_v] (float32 or Bf16), lse float32 [G, N, H]}."""
+def verify_attn(q, kv_cache, block_table, prefix_len, kv_tree, mask, n_nodes, softmax_scale: float, *,
+                d_v: int = 512, out_dtype: str = "float32", out=None, workspace=None, stream=None,
+                knobs=None) -> Attention:
+    """MLA (absorbed) attention of the tree's slots over the paged prefix and their ancestors.
+
+    Parameters
+    ----------
+    q : bf16 [G, N, H, 576]
+    kv_cache : bf16 [pages, 64, 576]
+        Latent keys; a value is the first d_v columns of its key row.
+    block_table : int32 [G, max_pages]
+    prefix_len : int32 [G]
+    kv_tree : bf16 [G, N, 576]
+        The tree slots' own latent keys.
+    mask, n_nodes : uint32 [G, N, ceil(N / 32)], int32 [G]
+        From `tree_build`.
+    softmax_scale : float
+    d_v : int
+        512 (the kernel's MLA shape).
+    out_dtype : "float32" or "bfloat16"
+    out, workspace, stream, knobs
+        Keyword-only; see the module docstring.
+
+    Returns
+    -------
+    Attention(out float32 or Bf16 [G, N, H, d_v], lse float32 [G, N, H])
+    """
     inputs = {"q": q, "kv_cache": kv_cache, "block_table": block_table, "prefix_len": prefix_len,
               "kv_tree": kv_tree, "mask": mask, "n_nodes": n_nodes}
-    return run("verify-attn", inputs, {"softmax_scale": float(softmax_scale), "d_v": d_v, "out_dtype": out_dtype},
-               **options)
+    params = {"softmax_scale": float(softmax_scale), "d_v": d_v, "out_dtype": out_dtype}
+    return Attention(**run("verify-attn", inputs, params, out=out, workspace=workspace, stream=stream, knobs=knobs))

@@ -3,7 +3,7 @@
 Each (kernel, tool) pair is one child process:
 
     compute-sanitizer --tool T --error-exitcode 99 [--racecheck-report all] \\
-        python3 -c BOOT verify KERNEL --max-diffs 0 [--case GLOB]
+        python3 -c BOOT verify KERNEL --max-diffs 0 --json REPORT [--case GLOB] [--knob NAME=VALUE ...]
 
 BOOT is `python3 -m kdt` with one change: CuPy's memory pool is switched off (`cupy.cuda.set_allocator(None)`)
 so every array is its own cudaMalloc and memcheck sees the true bounds of each input, output and workspace
@@ -11,17 +11,20 @@ so every array is its own cudaMalloc and memcheck sees the true bounds of each i
 before each launch and inputs are uploaded, so an initcheck finding is a kernel reading memory nobody wrote.
 
 The log of each run is parsed for `ERROR SUMMARY: N errors` and, for racecheck, `RACECHECK SUMMARY: N hazards
-displayed (E errors, W warnings)`; warnings count as findings too (every kernel must come out clean).
+displayed (E errors, W warnings)`; warnings count as findings too (every kernel must come out clean). What the
+verify inside found is read from its JSON report (REPORT, in a temporary directory), not from its printout.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +50,6 @@ BOOT = ("import sys\n"
 
 _ERROR_SUMMARY = re.compile(r"^========= +ERROR SUMMARY: (\d+) errors?[ \t]*$", re.MULTILINE)
 _RACE_SUMMARY = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
-_VERIFY_SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed[ \t]*$", re.MULTILINE)
 _PREFIX = re.compile(r"^========= ?")
 # The sanitizer cannot watch this GPU or runtime at all: an environment problem, not a finding.
 _UNSUPPORTED = re.compile(r"Device not supported|not supported on this (?:device|platform|GPU)|"
@@ -70,8 +72,16 @@ class ToolResult:
     race_errors: int | None = None
     race_warnings: int | None = None
     findings: list[str] = field(default_factory=list)   # one line per reported problem, with its location
-    verify_summary: str = ""        # "12 passed, 0 failed" from the kdt verify inside
+    verify_passed: int | None = None   # cases the kdt verify inside passed and failed (its JSON report; None:
+    verify_failed: int | None = None   # it wrote none)
     log_path: Path | None = None
+
+    @property
+    def verify_summary(self) -> str:
+        """"12 passed, 0 failed" from the kdt verify inside, or "" where it wrote no report."""
+        if self.verify_passed is None:
+            return ""
+        return f"{self.verify_passed} passed, {self.verify_failed} failed"
 
     @property
     def finding_count(self) -> int:
@@ -136,18 +146,31 @@ def find_sanitizer() -> Path | None:
     return None
 
 
-def command(sanitizer: Path | str, kernel: str, tool: str, case: str | None = None,
-            python: str = sys.executable) -> list[str]:
-    """The child command line for one kernel under one tool."""
+def command(sanitizer: Path | str, kernel: str, tool: str, report: Path | str, case: str | None = None,
+            python: str = sys.executable, knobs: Sequence[str] = ()) -> list[str]:
+    """The child command line for one kernel under one tool; the verify inside writes its JSON to `report`."""
     if tool not in TOOLS:
         raise ValueError(f"tool: expected one of {', '.join(TOOLS)}, got {tool!r}")
     line = [str(sanitizer), "--tool", tool, "--error-exitcode", str(ERROR_EXITCODE)]
     if tool == "racecheck":
         line += ["--racecheck-report", "all"]
-    line += [python, "-c", BOOT, "verify", kernel, "--max-diffs", "0"]
+    line += [python, "-c", BOOT, "verify", kernel, "--max-diffs", "0", "--json", str(report)]
     if case:
         line += ["--case", case]
+    for item in knobs:
+        line += ["--knob", item]
     return line
+
+
+def verify_counts(report: Path) -> tuple[int | None, int | None]:
+    """(passed, failed) cases of a `kdt verify --json` report; (None, None) where there is none (the verify did
+    not get that far) or it cannot be read."""
+    try:
+        cases = json.loads(Path(report).read_text())["cases"]
+        passed = sum(1 for case in cases if case["passed"])
+        return passed, len(cases) - passed
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, None
 
 
 def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -184,14 +207,12 @@ def parse(log: str) -> dict:
     """Counts and findings from one sanitizer log."""
     errors = [int(m.group(1)) for m in _ERROR_SUMMARY.finditer(log)]
     race = _RACE_SUMMARY.search(log)
-    verify = _VERIFY_SUMMARY.findall(log)
     return {
         "errors": errors[0] if errors else None,
         "hazards": int(race.group(1)) if race else None,
         "race_errors": int(race.group(2)) if race else None,
         "race_warnings": int(race.group(3)) if race else None,
         "findings": _finding_lines(log),
-        "verify_summary": f"{verify[-1][0]} passed, {verify[-1][1]} failed" if verify else "",
     }
 
 
@@ -216,8 +237,9 @@ def run_sanitize(kernels: Sequence[str], tools: Sequence[str] = TOOLS, *, saniti
                  case: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, keep_logs: Path | str | None = None,
                  cwd: Path | None = None, runner: Callable | None = None,
                  on_result: Callable[[ToolResult], None] | None = None,
-                 on_start: Callable[[str, str], None] | None = None) -> list[ToolResult]:
-    """Every kernel under every tool, in that order. No compute-sanitizer: ToolkitMissing (exit 2)."""
+                 on_start: Callable[[str, str], None] | None = None, knobs: Sequence[str] = ()) -> list[ToolResult]:
+    """Every kernel under every tool, in that order (`knobs`: --knob NAME=VALUE items for the verify inside). No
+    compute-sanitizer: ToolkitMissing (exit 2)."""
     for tool in tools:
         if tool not in TOOLS:
             raise ValueError(f"tool: expected one of {', '.join(TOOLS)}, got {tool!r}")
@@ -232,21 +254,29 @@ def run_sanitize(kernels: Sequence[str], tools: Sequence[str] = TOOLS, *, saniti
         logs_dir.mkdir(parents=True, exist_ok=True)
     env = child_env()
     results = []
-    for kernel in kernels:
-        for tool in tools:
-            if on_start:
-                on_start(kernel, tool)
-            line = command(sanitizer, kernel, tool, case)
-            started = time.perf_counter()
-            returncode, log = runner(line, timeout_s, env, cwd)
-            result = ToolResult(kernel, tool, line, returncode, log, time.perf_counter() - started, **parse(log))
-            if logs_dir is not None:
-                result.log_path = logs_dir / f"{kernel}.{tool}.log"
-                result.log_path.write_text(log)
-            results.append(result)
-            if on_result:
-                on_result(result)
+    with tempfile.TemporaryDirectory(prefix="kdt-sanitize-") as reports:
+        for kernel in kernels:
+            for tool in tools:
+                if on_start:
+                    on_start(kernel, tool)
+                report = Path(reports) / f"{kernel}.{tool}.json"
+                line = command(sanitizer, kernel, tool, report, case, knobs=knobs)
+                started = time.perf_counter()
+                returncode, log = runner(line, timeout_s, env, cwd)
+                passed, failed = verify_counts(report)
+                result = ToolResult(kernel, tool, line, returncode, log, time.perf_counter() - started, **parse(log),
+                                    verify_passed=passed, verify_failed=failed)
+                _finish(result, logs_dir, on_result)
+                results.append(result)
     return results
+
+
+def _finish(result: ToolResult, logs_dir: Path | None, on_result: Callable[[ToolResult], None] | None) -> None:
+    if logs_dir is not None:
+        result.log_path = logs_dir / f"{result.kernel}.{result.tool}.log"
+        result.log_path.write_text(result.log)
+    if on_result:
+        on_result(result)
 
 
 def exit_code(results: Sequence[ToolResult]) -> int:

@@ -51,12 +51,15 @@ class StageSpec:
     run_reference: Callable[[Arrays, Params], Arrays]
     make_cases: Callable[[], list[Case]]
     output_layout: Callable[[Shapes, Params], dict[str, OutputLayout]]
-    check_layout: Callable[[Shapes, dict[str, str], Params], None]  # shapes/dtypes/limits, before launch
+    check_layout: Callable[[Shapes, dict[str, str], Params], None]  # the contract's shapes, dtypes and limits
     description: str = ""
     random_case: Callable[[np.random.Generator], Case] | None = None  # fresh inputs of random shape (tests, fuzz)
     shrink: Callable[[Case], Iterator[Case]] | None = None   # smaller variants of a failing case (fuzz)
     bench_shapes: Callable[[bool], list] | None = None      # (quick) -> [kdt.bench.BenchShape]
     torch_baseline: Callable[[dict, Params], Callable[[], object]] | None = None  # the obvious PyTorch version
+    # the kernel's own limits beyond the contract's (a supported head dim, a grid bound), checked by kdt.ops after
+    # check_layout and before any launch; the references take everything the contract allows
+    check_launch: Callable[[Shapes, dict[str, str], Params], None] | None = None
 
     @property
     def module_name(self) -> str:

@@ -12,6 +12,9 @@ from pathlib import Path
 
 DEFAULT_ARCH = "sm_120"
 SUPPORTED_ARCHES = ("sm_90", "sm_90a", "sm_100", "sm_100a", "sm_120", "sm_120a")
+# Multiprocessors of the GPU a plan is made for when there is none to ask (`kdt plan --sms` picks another):
+# the H200 (132), the B200 (148), the RTX PRO 6000 Blackwell (188; an RTX 5070 Ti has 70).
+TYPICAL_MULTIPROCESSORS = {"sm_90": 132, "sm_90a": 132, "sm_100": 148, "sm_100a": 148, "sm_120": 188, "sm_120a": 188}
 PROBE_SOURCE = 'extern "C" __global__ void kdt_probe(int* out) { out[threadIdx.x] = threadIdx.x; }\n'
 PROBE_TIMEOUT_S = 120
 

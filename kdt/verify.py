@@ -83,7 +83,8 @@ def raw(array):
     return array.bits if isinstance(array, ops.Bf16) else array
 
 
-def launch_timed(spec: StageSpec, device_inputs: dict, params: dict, outputs: dict, graph: bool) -> float:
+def launch_timed(spec: StageSpec, device_inputs: dict, params: dict, outputs: dict, graph: bool,
+                 knobs: dict | None = None) -> float:
     """One launch (or one replay of a graph that holds it); returns the GPU time in microseconds.
 
     The launch runs on its own non-blocking stream, which does not wait for the legacy default stream
@@ -96,20 +97,22 @@ def launch_timed(spec: StageSpec, device_inputs: dict, params: dict, outputs: di
     with stream:
         if graph:
             stream.begin_capture()
-            ops.run(spec, device_inputs, params, out=outputs, stream=stream)
+            ops.run(spec, device_inputs, params, out=outputs, stream=stream, knobs=knobs)
             executable = stream.end_capture()
         start, stop = cp.cuda.Event(), cp.cuda.Event()
         start.record(stream)
         if graph:
             executable.launch(stream)
         else:
-            ops.run(spec, device_inputs, params, out=outputs, stream=stream)
+            ops.run(spec, device_inputs, params, out=outputs, stream=stream, knobs=knobs)
         stop.record(stream)
         stop.synchronize()
     return cp.cuda.get_elapsed_time(start, stop) * 1000.0
 
 
-def verify_case(spec: StageSpec, item: golden.GoldenCase, max_diffs: int = 10, graph: bool = False) -> CaseResult:
+def verify_case(spec: StageSpec, item: golden.GoldenCase, max_diffs: int = 10, graph: bool = False,
+                knobs: dict | None = None) -> CaseResult:
+    """One case through `kdt.ops` (with the launch `knobs`, if any), twice, outputs poisoned, compared."""
     case = item.case
     device_inputs = upload(case.inputs)
     params = dict(case.params)
@@ -117,7 +120,7 @@ def verify_case(spec: StageSpec, item: golden.GoldenCase, max_diffs: int = 10, g
         params["out_dtype"] = "float32"
     # a first launch loads the module and allocates the workspace, outside any graph capture
     warm = allocate_outputs(spec, device_inputs, params)
-    ops.run(spec, device_inputs, params, out=warm)
+    ops.run(spec, device_inputs, params, out=warm, knobs=knobs)
     runtime.cupy().cuda.Device().synchronize()
     merged: dict[str, FieldResult] = {}  # per output, the worse of the two poisoned runs
     elapsed = []
@@ -125,7 +128,7 @@ def verify_case(spec: StageSpec, item: golden.GoldenCase, max_diffs: int = 10, g
         outputs = allocate_outputs(spec, device_inputs, params)
         for array in outputs.values():
             poison(raw(array), pattern)
-        elapsed.append(launch_timed(spec, device_inputs, params, outputs, graph))
+        elapsed.append(launch_timed(spec, device_inputs, params, outputs, graph, knobs))
         for name, policy in spec.outputs.items():
             result = policy.compare(name, item.expected[name], download(outputs[name]), max_diffs)
             if pattern and not result.ok:
@@ -137,14 +140,14 @@ def verify_case(spec: StageSpec, item: golden.GoldenCase, max_diffs: int = 10, g
 
 
 def verify_file(spec: StageSpec, path: Path, pattern: str | None = None, max_diffs: int = 10,
-                graph: bool = False, progress=None) -> list[CaseResult]:
+                graph: bool = False, progress=None, knobs: dict | None = None) -> list[CaseResult]:
     golden_file = golden.read(path, spec)
     selected = [item for item in golden_file.cases if pattern is None or fnmatch.fnmatch(item.case.name, pattern)]
     results = []
     for item in selected:
         started = time.perf_counter()
         try:
-            results.append(verify_case(spec, item, max_diffs, graph))
+            results.append(verify_case(spec, item, max_diffs, graph, knobs))
         except (runtime.GpuMissing, build.BuildError, toolkit.ToolkitMissing):
             raise
         except Exception as error:  # a launch failure is this case's failure, reported, not a crash
@@ -155,6 +158,8 @@ def verify_file(spec: StageSpec, path: Path, pattern: str | None = None, max_dif
     return results
 
 
-def verify_fresh(spec: StageSpec, case, max_diffs: int = 10, graph: bool = False) -> CaseResult:
+def verify_fresh(spec: StageSpec, case, max_diffs: int = 10, graph: bool = False,
+                 knobs: dict | None = None) -> CaseResult:
     """A case that is not in a golden file: the reference computes its expected outputs first."""
-    return verify_case(spec, golden.GoldenCase(case, spec.reference(case.inputs, case.params)), max_diffs, graph)
+    return verify_case(spec, golden.GoldenCase(case, spec.reference(case.inputs, case.params)), max_diffs, graph,
+                       knobs)

@@ -14,20 +14,20 @@ def _describe(result) -> str:
         f"{f.name} {f.mismatches}/{f.checked} {f.worst} first {f.diffs[:1]}" for f in result.fields if not f.ok)
 
 
-def assert_golden_passes(kernel: str, root, graph: bool = False) -> None:
+def assert_golden_passes(kernel: str, root, graph: bool = False, knobs: dict | None = None) -> None:
     from kdt import verify
 
     spec = stages.get(kernel)
-    results = verify.verify_file(spec, golden.default_path(root / "golden", kernel), graph=graph)
+    results = verify.verify_file(spec, golden.default_path(root / "golden", kernel), graph=graph, knobs=knobs)
     assert results, "no golden case ran"
     failed = [_describe(r) for r in results if not r.passed]
     assert not failed, "\n".join(failed)
 
 
-def assert_random_case_passes(kernel: str, seed: int) -> None:
+def assert_random_case_passes(kernel: str, seed: int, knobs: dict | None = None) -> None:
     from kdt import verify
 
     spec = stages.get(kernel)
     case = spec.random_case(np.random.default_rng(seed))
-    result = verify.verify_fresh(spec, case)
+    result = verify.verify_fresh(spec, case, knobs=knobs)
     assert result.passed, f"seed {seed}: " + _describe(result)

@@ -37,16 +37,41 @@ def test_cache_key_follows_source_headers_arch_and_nvcc(tmp_path, monkeypatch):
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
-@pytest.mark.parametrize("kernel", stages.names())
-def test_every_kernel_compiles_without_warnings(kernel, arch, tmp_path, monkeypatch):
-    monkeypatch.setenv("KDT_CACHE_DIR", str(tmp_path))
-    spec = stages.get(kernel)
-    result = build.build(spec, arch)
-    assert result.cubin.is_file() and not result.cached
+@pytest.mark.parametrize("kernel", build.kernel_names())
+def test_every_kernel_compiles_without_warnings(kernel, arch):
+    """Every source under kernels/ (warnings are errors: a cubin in the cache compiled clean), with no spills, its
+    launch constants read from the cubin. The user's cache is shared with test_plans, so CI compiles each once."""
+    result = build.build(kernel, arch)
+    assert result.cubin.is_file()
     assert result.resources, "ptxas reported no entry function"
     assert all(r.spill_store_bytes == 0 for r in result.resources), result.resources
-    again = build.build(spec, arch)
-    assert again.cached and again.cubin == result.cubin
+    prefix = f"kdt_{kernel.replace('-', '_')}_"
+    assert result.constants and all(name.startswith(prefix) for name in result.constants), result.constants
+    again = build.build(kernel, arch)
+    assert again.cached and again.cubin == result.cubin and again.constants == result.constants
+
+
+@pytest.mark.nvcc
+def test_the_kernels_limits_are_the_contracts():
+    """The limits each kernel exports equal the ones its stage spec checks (the contract's launcher limits)."""
+    from kdt.stages import topk, tree_accept, tree_build, verify_attn
+
+    exported = {name: build.build(name, "sm_90").constants for name in stages.names()}
+    assert exported["topk"]["kdt_topk_max_v"] == topk.reference.MAX_K
+    assert exported["topk"]["kdt_topk_max_vocab"] == topk.MAX_VOCAB
+    assert exported["tree-build"]["kdt_tree_build_max_budget"] == tree_build.reference.MAX_BUDGET
+    assert exported["tree-build"]["kdt_tree_build_max_depth"] == tree_build.reference.MAX_DEPTH
+    assert exported["tree-build"]["kdt_tree_build_max_fanout"] == tree_build.reference.MAX_FANOUT
+    assert exported["tree-accept"]["kdt_tree_accept_max_nodes"] == tree_accept.MAX_SLOTS
+    assert exported["verify-attn"]["kdt_verify_attn_dqk"] == verify_attn.KEY_DIM
+    assert exported["verify-attn"]["kdt_verify_attn_dv"] == verify_attn.VALUE_DIM
+    assert exported["verify-attn"]["kdt_verify_attn_page"] == verify_attn.PAGE_SIZE
+
+
+def test_a_missing_or_old_build_report_is_a_cache_miss(tmp_path):
+    assert build._read_report(tmp_path / "missing.json") is None
+    (tmp_path / "old.json").write_text("[]")    # the report format of an older kdt
+    assert build._read_report(tmp_path / "old.json") is None
 
 
 @pytest.mark.nvcc

@@ -385,10 +385,10 @@ def run_kdt(monkeypatch, capsys, *args):
 
 
 def test_fuzz_command_reports_saves_and_exits_1(tmp_path, monkeypatch, capsys):
-    from kdt import cli_stress
+    from kdt.commands import common, fuzz as fuzz_command
 
-    monkeypatch.setattr(cli_stress, "_preflight", lambda specs: None)
-    monkeypatch.setattr(cli_stress, "_device_hooks", lambda graph: (fake_kernel(topk_bug), healthy))
+    monkeypatch.setattr(common, "preflight", lambda specs: None)
+    monkeypatch.setattr(fuzz_command, "device_hooks", lambda graph, knobs: (fake_kernel(topk_bug), healthy))
     code, out, err = run_kdt(monkeypatch, capsys, "fuzz", "topk", "--seed", "7", "--cases", "40",
                              "--golden-dir", str(tmp_path), "--max-failures", "1")
     assert code == 1, out + err
@@ -399,10 +399,10 @@ def test_fuzz_command_reports_saves_and_exits_1(tmp_path, monkeypatch, capsys):
 
 
 def test_fuzz_command_clean_run_exits_0(tmp_path, monkeypatch, capsys):
-    from kdt import cli_stress
+    from kdt.commands import common, fuzz as fuzz_command
 
-    monkeypatch.setattr(cli_stress, "_preflight", lambda specs: None)
-    monkeypatch.setattr(cli_stress, "_device_hooks", lambda graph: (fake_kernel(), healthy))
+    monkeypatch.setattr(common, "preflight", lambda specs: None)
+    monkeypatch.setattr(fuzz_command, "device_hooks", lambda graph, knobs: (fake_kernel(), healthy))
     code, out, err = run_kdt(monkeypatch, capsys, "fuzz", "tree-accept", "--cases", "3", "--golden-dir", str(tmp_path))
     assert code == 0, out + err
     assert "3 cases, 0 failed, 0 generator bugs" in out

@@ -48,7 +48,8 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(runtime, "cupy", lambda: types.SimpleNamespace())
     monkeypatch.setattr(runtime, "device_arch", lambda: "sm_90")
     monkeypatch.setattr(runtime, "default_arches", lambda: ["sm_90"])
-    monkeypatch.setattr(build, "build", lambda spec, arch, **kw: build.BuildResult(spec.name, arch, Path("x"), True))
+    monkeypatch.setattr(build, "build", lambda kernel, arch, **kw: build.BuildResult(build.kernel_name(kernel), arch,
+                                                                                     Path("x"), True))
 
 
 TREE_BUILD = stages.get("tree-build")
@@ -417,7 +418,8 @@ def test_no_gpu_for_real(root):
 
 def test_a_cubin_the_driver_refuses(monkeypatch):
     monkeypatch.setattr(runtime, "device_arch", lambda: "sm_90")
-    monkeypatch.setattr(build, "build", lambda spec, arch, **kw: build.BuildResult(spec.name, arch, Path("t.cubin"), True))
+    monkeypatch.setattr(build, "build", lambda kernel, arch, **kw: build.BuildResult(build.kernel_name(kernel), arch,
+                                                                                     Path("t.cubin"), True))
 
     def refuse(*args):
         raise RuntimeError("CUDA_ERROR_NO_BINARY_FOR_GPU: no kernel image is available for execution on the device")
@@ -431,8 +433,8 @@ def test_a_cubin_the_driver_refuses(monkeypatch):
 def ampere(monkeypatch):
     """An sm_80 GPU: an arch kdt does not build for."""
     monkeypatch.setattr(runtime, "cupy", lambda: types.SimpleNamespace())
-    monkeypatch.setattr(runtime, "device_arch", lambda: "sm_80")
-    monkeypatch.setattr(runtime, "default_arches", lambda: ["sm_80"])
+    monkeypatch.setattr(runtime, "gpu_arch", lambda: "sm_80")
+    monkeypatch.delenv("KDT_ARCH", raising=False)
 
 
 @pytest.mark.parametrize("args", [("fuzz", "topk", "--cases", "1"), ("sanitize", "topk")], ids=["fuzz", "sanitize"])

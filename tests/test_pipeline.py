@@ -14,7 +14,12 @@ import pytest
 
 import refs.tree_accept
 from kdt import pipeline
-from kdt.pipeline import PipelineConfig
+from kdt.pipeline import PipelineConfig, PipelineResult
+from kdt.pipeline.acceptance import greedy
+from kdt.pipeline.config import PROMPT_LEN, validate
+from kdt.pipeline.drafter import draft_logits
+from kdt.pipeline.step import GRAPH_STAGES, KDT_STAGES, STAGES, append_accepted, slot_contexts
+from kdt.pipeline.target import CLIP, HIDDEN, TargetModel
 from refs.errors import BadInput
 from refs.topk import topk
 from refs.tree_build import tree_build
@@ -23,7 +28,7 @@ SMALL = PipelineConfig(batch=3, budget=15, depth=4, topk=4, tokens=24, seed=1, b
                        vocab=256)
 
 
-def run_cpu(**changes) -> pipeline.PipelineResult:
+def run_cpu(**changes) -> PipelineResult:
     return pipeline.run(replace(SMALL, **changes))
 
 
@@ -159,7 +164,7 @@ def test_cli_cpu_runs_and_writes_json(root, tmp_path):
     assert report["config"]["budget"] == 15 and report["config"]["backend"] == "cpu"
     assert report["tokens_generated"] == 40
     assert report["tokens_per_target_call"] >= 1.0
-    assert set(report["stages"]) == set(pipeline.STAGES)
+    assert set(report["stages"]) == set(STAGES)
     assert all(stage["ms_per_step_median"] is not None for stage in report["stages"].values())
 
 
@@ -182,7 +187,7 @@ def test_bad_options_are_named(args, option):
         backend=values.get("--backend", "cpu"),
         draft_quality=float(values.get("--draft-quality", 0.5)), vocab=int(values.get("--vocab", 512)))
     with pytest.raises(BadInput) as error:
-        pipeline.validate(config)
+        validate(config)
     assert error.value.argument == option
 
 
@@ -196,11 +201,11 @@ def test_cli_bad_option_exits_3_naming_it(root):
 
 
 def test_target_logits_are_exact_integers_and_greedy_breaks_ties_to_the_smaller_id():
-    model = pipeline.TargetModel.create(0, 300)
+    model = TargetModel.create(0, 300)
     logits = model.logits(np.array([[1, 2, 3], [4, 5, 6]], np.int32))
     assert logits.dtype == np.float32 and (logits == np.round(logits)).all() and np.abs(logits).max() < 2**24
     tied = np.array([[1.0, 5.0, 5.0, 2.0], [3.0, 3.0, 3.0, 3.0]], np.float32)
-    assert pipeline.greedy(np, tied).tolist() == [1, 0]
+    assert greedy(np, tied).tolist() == [1, 0]
 
 
 def test_slot_contexts_follow_the_path_back_into_the_committed_text():
@@ -208,7 +213,7 @@ def test_slot_contexts_follow_the_path_back_into_the_committed_text():
     top = topk(rng.standard_normal((2, 5, 50)).astype(np.float32) * 3, 3)
     tree = tree_build(top["top_logp"], top["top_ids"], 20)
     committed = np.array([[7, 8, 9], [10, 11, 12]], np.int32)
-    contexts = pipeline.slot_contexts(tree["parent"], tree["token"], tree["depth"], committed)
+    contexts = slot_contexts(tree["parent"], tree["token"], tree["depth"], committed)
     for g in range(2):
         for slot in range(21):
             path = []
@@ -222,21 +227,21 @@ def test_slot_contexts_follow_the_path_back_into_the_committed_text():
 
 def test_append_stops_each_request_at_its_token_count():
     tokens = 5
-    seq = np.zeros((2, pipeline.PROMPT_LEN + tokens + 4), np.int32)
-    seq_len = np.array([pipeline.PROMPT_LEN, pipeline.PROMPT_LEN + 3], np.int32)
+    seq = np.zeros((2, PROMPT_LEN + tokens + 4), np.int32)
+    seq_len = np.array([PROMPT_LEN, PROMPT_LEN + 3], np.int32)
     accept_tokens = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int32)
-    pipeline.append_accepted(np, seq, seq_len, np.array([3, 3], np.int32), accept_tokens, tokens)
-    assert seq_len.tolist() == [pipeline.PROMPT_LEN + 4, pipeline.PROMPT_LEN + 5]
-    assert seq[0, pipeline.PROMPT_LEN:pipeline.PROMPT_LEN + 4].tolist() == [1, 2, 3, 4]
-    assert seq[1, pipeline.PROMPT_LEN + 3:pipeline.PROMPT_LEN + 5].tolist() == [5, 6]
+    append_accepted(np, seq, seq_len, np.array([3, 3], np.int32), accept_tokens, tokens)
+    assert seq_len.tolist() == [PROMPT_LEN + 4, PROMPT_LEN + 5]
+    assert seq[0, PROMPT_LEN:PROMPT_LEN + 4].tolist() == [1, 2, 3, 4]
+    assert seq[1, PROMPT_LEN + 3:PROMPT_LEN + 5].tolist() == [5, 6]
 
 
 def test_drafter_quality_extremes():
-    model = pipeline.TargetModel.create(0, 200)
+    model = TargetModel.create(0, 200)
     committed = np.array([[1, 2, 3], [40, 50, 60]], np.int32)
 
     def target_greedy(last3):
-        return pipeline.greedy(np, model.logits(last3))
+        return greedy(np, model.logits(last3))
 
     def truth_chain():
         context, chain = committed, []
@@ -247,12 +252,36 @@ def test_drafter_quality_extremes():
         return np.stack(chain, axis=1)
 
     options = dict(step=0, seed=0, depth=4, vocab=200)
-    right = pipeline.draft_logits(np, target_greedy, committed, quality=1.0, **options)
-    assert np.array_equal(pipeline.greedy(np, right), truth_chain())
-    wrong = pipeline.draft_logits(np, target_greedy, committed, quality=0.0, **options)
+    right = draft_logits(np, target_greedy, committed, quality=1.0, **options)
+    assert np.array_equal(greedy(np, right), truth_chain())
+    wrong = draft_logits(np, target_greedy, committed, quality=0.0, **options)
     truth = target_greedy(committed)
-    assert (pipeline.greedy(np, wrong)[:, 0] != truth).all()
+    assert (greedy(np, wrong)[:, 0] != truth).all()
     assert (wrong[np.arange(2), 0, truth] == -np.inf).all()  # ruled out: never in any tree
+
+
+# ---- the synthetic target's kernel ---------------------------------------------------------------------------
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ["sm_90", "sm_90a", "sm_120"])
+def test_the_synthetic_target_kernel_builds_and_exports_what_the_python_side_assumes(arch, tmp_path, monkeypatch):
+    from kdt import build
+
+    monkeypatch.setenv("KDT_CACHE_DIR", str(tmp_path))
+    result = build.build("synthetic-target", arch)
+    assert result.cubin.is_file() and not result.cached
+    assert {r.function for r in result.resources} == {"kdt_pipeline_slot_context", "kdt_pipeline_target_logits"}
+    assert all(r.spill_store_bytes == 0 and r.stack_bytes == 0 for r in result.resources), result.resources
+    constants = {name.removeprefix("kdt_synthetic_target_"): value for name, value in result.constants.items()}
+    assert set(constants) == {"hidden", "clip", "rows", "logits_threads", "context_threads"}
+    # the model's numbers: the numpy model (kdt/pipeline/target.py) computes with the same
+    assert constants["hidden"] == HIDDEN and constants["clip"] == CLIP
+    # the launch shape kdt/pipeline/gpu.py reads: whole warps, and the hidden states of a block's rows in shared
+    logits = next(r for r in result.resources if r.function == "kdt_pipeline_target_logits")
+    assert logits.shared_bytes == constants["rows"] * HIDDEN * 4
+    assert constants["logits_threads"] % 32 == 0 and constants["context_threads"] % 32 == 0
+    assert build.build("synthetic-target", arch).cached
 
 
 # ---- the GPU backend -----------------------------------------------------------------------------------------
@@ -269,9 +298,9 @@ def test_gpu_is_lossless_and_accepts_what_the_cpu_accepts(quality):
     assert np.array_equal(gpu.generated, cpu.generated)
     assert [x.tolist() for x in gpu.accept_lens] == [x.tolist() for x in cpu.accept_lens]
     assert len(gpu.graph_ms) == gpu.steps and all(ms > 0 for ms in gpu.graph_ms)
-    for name in pipeline.STAGES:
+    for name in STAGES:
         assert len(gpu.timings[name].ms) == gpu.steps
-    for name in pipeline.GRAPH_STAGES:
+    for name in GRAPH_STAGES:
         assert len(gpu.timings[name].reference_ms) == gpu.steps
 
 
@@ -282,5 +311,5 @@ def test_gpu_cli_default_run(root, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(out.read_text())
     assert report["lossless"] and report["passed"] and report["step_graph_ms_per_step_median"] > 0
-    for name in pipeline.KDT_STAGES:
+    for name in KDT_STAGES:
         assert report["stages"][name]["cpu_reference_ms_per_step_median"] > 0

@@ -95,13 +95,23 @@ VERIFY_MISMATCH_CLEAN_MEMORY = """========= COMPUTE-SANITIZER
 """
 
 
+def verify_tail(log: str) -> tuple[int | None, int | None]:
+    """The (passed, failed) that the kdt verify inside a sample log printed, which its JSON report holds too."""
+    import re
+
+    found = re.findall(r"^(\d+) passed, (\d+) failed$", log, re.MULTILINE)
+    return (int(found[-1][0]), int(found[-1][1])) if found else (None, None)
+
+
 def result(log, returncode, tool="memcheck", kernel="topk"):
-    return sanitize.ToolResult(kernel, tool, ["compute-sanitizer"], returncode, log, 1.0, **sanitize.parse(log))
+    passed, failed = verify_tail(log)
+    return sanitize.ToolResult(kernel, tool, ["compute-sanitizer"], returncode, log, 1.0, **sanitize.parse(log),
+                               verify_passed=passed, verify_failed=failed)
 
 
 def test_parse_memcheck_findings():
     parsed = sanitize.parse(MEMCHECK_OOB)
-    assert parsed["errors"] == 3 and parsed["hazards"] is None and parsed["verify_summary"] == "11 passed, 1 failed"
+    assert parsed["errors"] == 3 and parsed["hazards"] is None and "verify_summary" not in parsed
     assert parsed["findings"] == [
         "Invalid __global__ write of size 4 bytes at topk_select_kernel+0x2d0 in /work/main/kernels/topk.cu:212",
         "Invalid __global__ write of size 4 bytes at topk_select_kernel+0x2d0 in /work/main/kernels/topk.cu:212",
@@ -156,16 +166,17 @@ def test_exit_codes():
 
 
 def test_command_lines():
-    line = sanitize.command("/cuda/bin/compute-sanitizer", "tree-build", "memcheck", python="/usr/bin/python3")
+    line = sanitize.command("/cuda/bin/compute-sanitizer", "tree-build", "memcheck", "/tmp/r.json",
+                            python="/usr/bin/python3")
     assert line[:5] == ["/cuda/bin/compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "99"]
     assert line[5:8] == ["/usr/bin/python3", "-c", sanitize.BOOT]
-    assert line[8:] == ["verify", "tree-build", "--max-diffs", "0"]
-    race = sanitize.command("cs", "topk", "racecheck", case="k1_*")
-    assert race[race.index("--racecheck-report") + 1] == "all" and race[-2:] == ["--case", "k1_*"]
+    assert line[8:] == ["verify", "tree-build", "--max-diffs", "0", "--json", "/tmp/r.json"]
+    race = sanitize.command("cs", "topk", "racecheck", "r.json", case="k1_*", knobs=["resident=0"])
+    assert race[race.index("--racecheck-report") + 1] == "all" and race[-4:] == ["--case", "k1_*", "--knob", "resident=0"]
     for tool in ("initcheck", "synccheck"):
-        assert "--racecheck-report" not in sanitize.command("cs", "topk", tool)
+        assert "--racecheck-report" not in sanitize.command("cs", "topk", tool, "r.json")
     with pytest.raises(ValueError, match="tool"):
-        sanitize.command("cs", "topk", "leakcheck")
+        sanitize.command("cs", "topk", "leakcheck", "r.json")
     assert "set_allocator(None)" in sanitize.BOOT and "main()" in sanitize.BOOT
     env = sanitize.child_env({"PYTHONPATH": "/elsewhere"})
     assert env["PYTHONPATH"].split(":") == [str(sanitize.ROOT), "/elsewhere"]
@@ -181,12 +192,21 @@ def test_the_boot_code_is_kdt_itself(root):
 
 
 def _fake_runner(logs):
+    """A stand-in for compute-sanitizer + kdt verify: returns the sample log and, as the verify inside would, writes
+    its JSON report with the cases the log's summary line counts."""
+    import json
+
     calls = []
 
     def run(line, timeout_s, env, cwd):
         calls.append(line)
         tool, kernel = line[line.index("--tool") + 1], line[line.index("verify") + 1]
-        return logs[(kernel, tool)]
+        returncode, log = logs[(kernel, tool)]
+        passed, failed = verify_tail(log)
+        if passed is not None:
+            cases = [{"passed": True}] * passed + [{"passed": False}] * failed
+            Path(line[line.index("--json") + 1]).write_text(json.dumps({"passed": not failed, "cases": cases}))
+        return returncode, log
 
     return run, calls
 
@@ -202,6 +222,7 @@ def test_run_sanitize_runs_every_kernel_under_every_tool_and_keeps_logs(tmp_path
     assert [(r.kernel, r.tool) for r in results] == [(k, t) for k in ("topk", "tree-build") for t in sanitize.TOOLS]
     assert len(calls) == 8 and seen == results
     assert [r.status for r in results if not r.clean] == ["findings"]
+    assert results[0].verify_summary == "12 passed, 0 failed" and results[5].verify_summary == "17 passed, 0 failed"
     assert (tmp_path / "logs" / "tree-build.racecheck.log").read_text() == RACECHECK_HAZARDS
     assert results[5].log_path == tmp_path / "logs" / "tree-build.racecheck.log"
     assert sanitize.exit_code(results) == 1
@@ -246,10 +267,10 @@ def test_run_process_merges_output_and_kills_on_timeout(tmp_path):
 # --- the command ----------------------------------------------------------------------------------------
 
 def _command_fakes(monkeypatch, logs):
-    from kdt import cli_stress
+    from kdt.commands import common
 
     monkeypatch.setattr(sanitize, "find_sanitizer", lambda: Path("/cuda/bin/compute-sanitizer"))
-    monkeypatch.setattr(cli_stress, "_preflight", lambda specs: None)
+    monkeypatch.setattr(common, "preflight", lambda specs: None)
     runner, calls = _fake_runner(logs)
     monkeypatch.setattr(sanitize, "run_process", runner)
     return calls
@@ -262,7 +283,7 @@ def test_sanitize_command_table_and_exit_1_on_a_finding(monkeypatch, capsys, tmp
     code, out, err = run_kdt(monkeypatch, capsys, "sanitize", "tree-accept", "--keep-logs", str(tmp_path))
     assert code == 1, out + err
     assert len(calls) == 4 and "Traceback" not in err
-    assert "kdt sanitize" in out and "1 finding" in out and "clean" in out
+    assert "kdt sanitize" in out and "1 finding" in out and "clean" in out and "12 passed, 0 failed" in out
     assert "Uninitialized __global__ memory read of size 4 bytes" in out and "tree_accept.cu:88" in out
     assert (tmp_path / "tree-accept.initcheck.log").exists()
 

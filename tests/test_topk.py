@@ -70,29 +70,7 @@ def test_bad_input_is_named(values, k, argument):
     assert error.value.argument == argument
 
 
-# --- the kernel on the GPU ------------------------------------------------------------------------------
-
-@pytest.mark.gpu
-def test_kernel_matches_golden(root):
-    from tests.gpu_checks import assert_golden_passes
-
-    assert_golden_passes("topk", root)
-
-
-@pytest.mark.gpu
-@settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**32 - 1))
-def test_kernel_matches_reference_on_random_inputs(seed):
-    from tests.gpu_checks import assert_random_case_passes
-
-    assert_random_case_passes("topk", seed)
-
-
-# kernels/topk.cu's resident-path constants on sm_90 (the launcher reads them from the module)
-SM90_RESIDENT = {"resident_threads": 256,
-                 "resident_wide_cluster": 16, "resident_wide_max_vectors": 16, "resident_wide_min_smem": 16 * 64 * 8,
-                 "resident_narrow_cluster": 8, "resident_narrow_max_vectors": 20, "resident_narrow_min_smem": 8 * 64 * 8}
-
+# --- the kernel on the GPU, path by path (the golden file and random inputs: tests/test_kernels.py) ----------
 
 def long_rows(vocab: int, seed: int) -> np.ndarray:
     """Eleven rows that each stress the candidate gate of a block that scans a whole row: normal logits, a
@@ -125,85 +103,60 @@ def long_rows(vocab: int, seed: int) -> np.ndarray:
     return rows.reshape(1, 11, vocab)
 
 
+def _case_passes(case, path: str, knobs: dict) -> None:
+    """Verify `case`, which the launch plan with `knobs` runs on `path`."""
+    from kdt import ops, stages, verify
+
+    plan = ops.plan("topk", verify.upload(case.inputs), case.params, knobs=knobs)
+    assert plan.path == path, plan
+    result = verify.verify_fresh(stages.get("topk"), case, knobs=knobs)
+    assert result.passed, [(f.name, f.mismatches, f.diffs[:2]) for f in result.fields if not f.ok]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("k", [1, 8, 32])
-def test_kernel_whole_row_blocks_on_adversarial_rows(bf16, k, monkeypatch):
+def test_kernel_whole_row_blocks_on_adversarial_rows(bf16, k):
     """Few rows normally split over many blocks of one or two steps each; with the split switched off one
     block scans a whole row (20 to 64 steps), which is where the gate is raised at steps 1, 3, 7, 15, ..."""
-    import kdt.launch.topk as launcher
-    from kdt import ops, stages, verify
-
-    monkeypatch.setattr(launcher, "MIN_CHUNK", launcher.MAX_VOCAB)   # S = 1: one block per row
-    monkeypatch.setattr(ops, "_workspaces", {})                      # no workspace sized for another plan
     vocab = 163840 + 7                                                # an unaligned tail as well
     logits = long_rows(vocab, seed=k)
-    assert launcher.plan(logits.shape[1], vocab, k, 132)[1] == 1
     case = stage._case(f"whole_rows_k{k}", "one block per row", k, k, to_bf16(logits) if bf16 else logits)
-    result = verify.verify_fresh(stages.get("topk"), case)
-    assert result.passed, [(f.name, f.mismatches, f.diffs[:2]) for f in result.fields if not f.ok]
+    _case_passes(case, "small", {"min_chunk": 1 << 18})               # S = 1: one block per row
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("k", [1, 8, 32])
 @pytest.mark.parametrize("merge", ["cluster", "workspace"])
-def test_kernel_split_rows_on_adversarial_rows(bf16, k, merge, monkeypatch):
+def test_kernel_split_rows_on_adversarial_rows(bf16, k, merge):
     """Few rows are split over many blocks whose lists are merged either inside a cluster of blocks (over
     distributed shared memory) or by the last block through the workspace; both on the rows above, where at
     k = 32 the evenly spread row leaves more candidates than the pruned merge ranks, so the full rank merge
     runs."""
-    import kdt.launch.topk as launcher
-    from kdt import ops, stages, verify
-    from kdt.launch.common import sm_count
-
-    if merge == "workspace":
-        monkeypatch.setattr(launcher, "CLUSTER_MIN_SPLITS", launcher.MAX_SPLITS + 1)
-    monkeypatch.setattr(launcher, "RESIDENT_PATH", False)     # the plain cluster path (also at k <= 8)
-    monkeypatch.setattr(ops, "_workspaces", {})
     vocab = 163840 + 7
     logits = long_rows(vocab, seed=k + 100)
-    S = launcher.plan(logits.shape[1], vocab, k, sm_count())[1]
-    assert S >= launcher.CLUSTER_MIN_SPLITS if merge == "cluster" else S > 1
     case = stage._case(f"split_rows_k{k}", "rows split over blocks", k, k, to_bf16(logits) if bf16 else logits)
-    result = verify.verify_fresh(stages.get("topk"), case)
-    assert result.passed, [(f.name, f.mismatches, f.diffs[:2]) for f in result.fields if not f.ok]
+    knobs = {"resident": False} if merge == "cluster" else {"cluster_min_splits": 1 << 30}
+    _case_passes(case, "cluster" if merge == "cluster" else "small", knobs)
 
 
 @pytest.fixture(params=["wide", "narrow"])
-def resident_shape(request, monkeypatch):
-    """Each resident test on both shapes of the resident variant: the launcher's row threshold moved so that
-    the shape under test is the preferred one for any row count."""
-    import kdt.launch.topk as launcher
-
-    monkeypatch.setattr(launcher, "RESIDENT_WIDE_MAX_ROWS", 1 << 30 if request.param == "wide" else 0)
+def resident_shape(request):
+    """Each resident test on both shapes of the resident variant: the row threshold moved so that the shape under
+    test is the preferred one for any row count."""
     return request.param
 
 
+def _resident_knobs(shape: str) -> dict:
+    return {"resident_wide_max_rows": 1 << 30 if shape == "wide" else 0}
+
+
 def _resident_blocks(shape: str) -> int:
-    """Blocks per row of the resident variant's `shape` in the module that runs here."""
-    import kdt.launch.topk as launcher
+    """Blocks per row of the resident variant's `shape` in the cubin that runs here."""
     from kdt import runtime
 
-    return launcher._arch(runtime.load("topk"))[f"resident_{shape}_cluster"]
-
-
-def _resident_case_passes(case, shape):
-    """Verify `case`, which the launcher runs on the resident variant of the cluster path in `shape`."""
-    import kdt.launch.topk as launcher
-    from kdt import runtime, stages, verify
-    from kdt.launch.common import sm_count
-
-    logits = case.inputs["logits"]
-    _, depth, vocab = logits.shape
-    rows = logits.shape[0] * depth
-    assert launcher.uses_cluster(launcher.plan(rows, vocab, case.params["k"], sm_count())[1])
-    arch = launcher._arch(runtime.load("topk"))
-    dtype = "f32" if logits.dtype == np.float32 else "bf16"
-    resident = launcher.resident_plan(rows, vocab, case.params["k"], dtype, arch, 0)
-    assert resident is not None and resident[0] == shape, resident
-    result = verify.verify_fresh(stages.get("topk"), case)
-    assert result.passed, [(f.name, f.mismatches, f.diffs[:2]) for f in result.fields if not f.ok]
+    return runtime.target("topk").constant(f"kdt_topk_resident_{shape}_cluster")
 
 
 @pytest.mark.gpu
@@ -216,7 +169,7 @@ def test_kernel_resident_cluster_on_adversarial_rows(bf16, k, resident_shape):
     those blocks send their exact top V from V rounds of a block-wide best."""
     logits = long_rows(163840, seed=k + 200)
     case = stage._case(f"resident_k{k}", "resident cluster rows", k, k, to_bf16(logits) if bf16 else logits)
-    _resident_case_passes(case, resident_shape)
+    _case_passes(case, f"resident-{resident_shape}", _resident_knobs(resident_shape))
 
 
 @pytest.mark.gpu
@@ -227,12 +180,13 @@ def test_kernel_resident_cluster_chunk_shapes(bf16, vocab, resident_shape):
     a group or of a vector row empty (65544: a short last block), the narrow shape's most (163840 f32: 20 per
     thread), and the widest vocabulary (f32 262144 fits only the wide shape: the narrow preference falls back to
     it); drafter rows and ties."""
+    knobs = _resident_knobs(resident_shape)
     if resident_shape == "narrow" and not bf16 and vocab == 262144:
         resident_shape = "wide"
     logits = drafter_logits(np.random.default_rng(vocab), 2, 5, vocab)
     logits[1] = np.round(logits[1] * 4) / 4
     case = stage._case(f"resident_vocab{vocab}", "resident chunk shapes", vocab, 8, to_bf16(logits) if bf16 else logits)
-    _resident_case_passes(case, resident_shape)
+    _case_passes(case, f"resident-{resident_shape}", knobs)
 
 
 @pytest.mark.gpu
@@ -249,41 +203,4 @@ def test_kernel_resident_cluster_blocks_rank_their_own_ties(bf16, resident_shape
         logits[0, row, columns] = 16.0                    # exact in bf16, above every other logit
     case = stage._case(f"resident_ties_{'bf16' if bf16 else 'f32'}", "one block of tied maxima", 8, 8,
                        to_bf16(logits) if bf16 else logits)
-    _resident_case_passes(case, resident_shape)
-
-
-def test_resident_variant_applies_to_aligned_rows_that_fit():
-    import kdt.launch.topk as launcher
-
-    def fits(rows, vocab, k, dtype, address=0, **arch):
-        return launcher.resident_plan(rows, vocab, k, dtype, {**SM90_RESIDENT, **arch}, address)
-
-    few, more = launcher.RESIDENT_WIDE_MAX_ROWS, launcher.RESIDENT_WIDE_MAX_ROWS + 1
-    assert fits(few, 163840, 8, "f32") == ("wide", 16, 40960)      # 10 vectors per thread
-    assert fits(few, 163840, 8, "bf16") == ("wide", 16, 20480)     # 5
-    assert fits(more, 163840, 8, "f32") == ("narrow", 8, 81920)    # 20: the narrow shape's most
-    assert fits(more, 163840, 8, "bf16") == ("narrow", 8, 40960)
-    assert fits(few, 65536, 8, "bf16", 256) == ("wide", 16, 8192)  # the survivors' minimum
-    assert fits(few, 262144, 8, "f32") == ("wide", 16, 65536)      # 16: the wide shape's most
-    assert fits(more, 262144, 8, "f32") == ("wide", 16, 65536)     # 32 narrow: only the wide shape fits
-    assert fits(more, 262144, 8, "bf16") == ("narrow", 8, 65536)
-    assert fits(few, 163840, 9, "f32") is None                     # V above RESIDENT_MAX_V
-    assert fits(few, 163842, 8, "f32") is None                     # rows not 16-byte aligned
-    assert fits(few, 163840, 8, "bf16", 8) is None                 # base not 16-byte aligned
-    # sm_120: both shapes are 8-block clusters; vocab 262144 f32 fits neither (the plain cluster path runs)
-    sm120 = dict(resident_wide_cluster=8, resident_wide_max_vectors=16)
-    assert fits(few, 163840, 8, "f32", **sm120) == ("narrow", 8, 81920)
-    assert fits(few, 262144, 8, "f32", **sm120) is None
-
-
-def test_few_rows_merge_in_a_cluster_without_workspace():
-    import kdt.launch.topk as launcher
-
-    vt, S, _ = launcher.plan(15, 163840, 8, 132)
-    assert S >= launcher.CLUSTER_MIN_SPLITS
-    assert launcher.cluster_size(S, 16) == 16 and launcher.cluster_size(S, 8) == 8
-    assert launcher._ws_bytes(15, S, vt) == 0
-    vt, S, _ = launcher.plan(64 * 15, 163840, 8, 132)
-    assert launcher.cluster_size(S, 16) == 0
-    vt, S, _ = launcher.plan(8 * 15, 163840, 8, 132)
-    assert 1 < S < launcher.CLUSTER_MIN_SPLITS and launcher._ws_bytes(120, S, vt) > 0
+    _case_passes(case, f"resident-{resident_shape}", _resident_knobs(resident_shape))

@@ -91,21 +91,3 @@ def test_golden_cases_do_what_they_say():
 def test_exactly_one_target():
     with pytest.raises(BadInput):
         tree_accept(TREE["token"], TREE["first_child"], TREE["next_sibling"], TREE["n_nodes"], 3)
-
-
-# --- the kernel on the GPU ------------------------------------------------------------------------------
-
-@pytest.mark.gpu
-def test_kernel_matches_golden(root):
-    from tests.gpu_checks import assert_golden_passes
-
-    assert_golden_passes("tree-accept", root)
-
-
-@pytest.mark.gpu
-@settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**32 - 1))
-def test_kernel_matches_reference_on_random_inputs(seed):
-    from tests.gpu_checks import assert_random_case_passes
-
-    assert_random_case_passes("tree-accept", seed)

@@ -138,44 +138,28 @@ def test_bad_input_is_named(mutate, argument):
     assert error.value.argument == argument
 
 
-# --- the kernel on the GPU ------------------------------------------------------------------------------
-
-@pytest.mark.gpu
-def test_kernel_matches_golden(root):
-    from tests.gpu_checks import assert_golden_passes
-
-    assert_golden_passes("tree-build", root)
-
-
-@pytest.mark.gpu
-@settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**32 - 1))
-def test_kernel_matches_reference_on_random_inputs(seed):
-    from tests.gpu_checks import assert_random_case_passes
-
-    assert_random_case_passes("tree-build", seed)
+# --- the kernel on the GPU, path by path (the golden file and random inputs: tests/test_kernels.py) ----------
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("select_from", [1, 1024], ids=["select-path", "serial-path"])
-def test_each_build_path_matches_golden_and_random(root, monkeypatch, select_from):
+def test_each_build_path_matches_golden_and_random(root, select_from):
     """Both build paths on the same inputs: every case, and fresh random ones, with the select path tried from
     B = 1 (it still falls back on positive log-probs or an overflowing pool) or never tried."""
     import cupy
 
     from kdt import runtime
-    from kdt.launch.tree_build import SELECT_MIN_BUDGET_ENV
     from tests.gpu_checks import assert_golden_passes, assert_random_case_passes
 
-    monkeypatch.setenv(SELECT_MIN_BUDGET_ENV, str(select_from))
+    knobs = {"select_min_budget": select_from}
     pointer = runtime.load("tree-build").get_global("kdt_tree_build_select_runs")
     counter = cupy.ndarray((1,), dtype=cupy.uint64, memptr=pointer)
     counter.fill(0)
-    assert_golden_passes("tree-build", root)
+    assert_golden_passes("tree-build", root, knobs=knobs)
     for seed in range(30):
-        assert_random_case_passes("tree-build", 7000 + seed)
+        assert_random_case_passes("tree-build", 7000 + seed, knobs=knobs)
     runs = int(counter.get()[0])
     if select_from == 1:
         assert runs > 0, "the select path never ran"
     else:
-        assert runs == 0, f"the select path ran {runs} times with {SELECT_MIN_BUDGET_ENV}={select_from}"
+        assert runs == 0, f"the select path ran {runs} times with select_min_budget={select_from}"

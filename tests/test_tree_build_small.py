@@ -1,4 +1,4 @@
-"""The tree-build kernel's small path (B <= 31: `small_build` in kernels/tree_build.cu), modelled lane by lane
+"""The tree-build kernel's small path (B <= 31: `small_build` in kernels/tree_build/small.cuh), modelled lane by lane
 in numpy, against the heapq reference.
 
 Each numpy array of 32 entries is one register across the 32 lanes of warp 0; the statements follow

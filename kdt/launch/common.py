@@ -1,89 +1,45 @@
-"""What every launcher needs from the GPU side, in one place: a kernel module's exported launch constants
-(read once per module) and the multiprocessor count (read once per device)."""
+"""Launching a plan: the one place where kdt calls a kernel function (kdt/launch/plan.py says what a plan is)."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Mapping
 
-# id(module) -> (module, what the launchers keep for it); the module is kept so its id cannot be reused.
-_per_module: dict[int, tuple[object, dict]] = {}
-_multiprocessors: dict[int, int] = {}
+from kdt.launch.plan import KernelLaunch, LaunchPlan, Workspace
 
+PORTABLE_CLUSTER = 8                          # larger clusters need the function's non-portable opt-in
+NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14        # CUfunction_attribute
 
-def is_capturing() -> bool:
-    """Whether the current CuPy stream is capturing a CUDA graph (False where CuPy cannot tell)."""
-    import cupy
-
-    probe = getattr(cupy.cuda.get_current_stream(), "is_capturing", None)
-    try:
-        return bool(probe()) if probe is not None else False
-    except Exception:  # an older CuPy or driver without the query
-        return False
+# id(module) -> (module, {function name: [function, dynamic smem allowed]}); the module is kept so its id cannot be
+# reused while the entry lives.
+_functions: dict[int, tuple[object, dict]] = {}
 
 
-def module_cache(module) -> dict:
-    """A dict for what a launcher reads once per loaded module (constants, functions): it lives as long as
-    `module` does."""
-    entry = _per_module.get(id(module))
+def kernel_function(module, launch: KernelLaunch):
+    """`module.get_function`, fetched once per module, opted into the cluster size and the dynamic shared memory
+    the launch needs (driver calls, made only the first time a function needs more than before)."""
+    entry = _functions.get(id(module))
     if entry is None or entry[0] is not module:
-        entry = _per_module[id(module)] = (module, {})
-    return entry[1]
-
-
-def kernel_constants(module, prefix: str, names: Iterable[str]) -> dict[str, int]:
-    """`extern "C" __constant__ int <prefix><name>` of each name, as the kernel source defines them.
-
-    The first call for a module copies them to the host, which a CUDA graph cannot capture: launch once
-    before capturing (kdt's verify, bench and pipeline do)."""
-    names = tuple(names)
-    cache = module_cache(module)
-    key = ("constants", prefix, names)
-    if key in cache:
-        return cache[key]
-    if is_capturing():
-        raise RuntimeError(f"the first launch with a module reads its launch constants ({prefix}*) from the "
-                           "device and cannot be graph-captured; launch once before capturing")
-    import cupy
-
-    values = {}
-    for name in names:
-        pointer = module.get_global(prefix + name)
-        values[name] = int(cupy.ndarray((1,), dtype=cupy.int32, memptr=pointer).get()[0])
-    cache[key] = values
-    return values
-
-
-def kernel_function(module, name: str, dynamic_smem: int = 0, attributes: dict[int, int] | None = None):
-    """`module.get_function(name)`, fetched once per module, and allowed `dynamic_smem` bytes of dynamic
-    shared memory: the opt-in is a driver call, made only when a launch needs more than any before.
-    `attributes` (CUfunction_attribute -> value) are set once, when the function is first fetched."""
-    functions = module_cache(module).setdefault("functions", {})
-    slot = functions.get(name)
+        entry = _functions[id(module)] = (module, {})
+    slot = entry[1].get(launch.function)
     if slot is None:
-        function = module.get_function(name)
-        if attributes:
+        function = module.get_function(launch.function)
+        if launch.cluster > PORTABLE_CLUSTER:
             import cupy
 
-            handle = function.kernel.ptr   # the CUfunction behind CuPy's RawKernel
-            for attribute, value in attributes.items():
-                cupy.cuda.driver.funcSetAttribute(handle, attribute, value)
-        slot = functions[name] = [function, 0]
-    if dynamic_smem > slot[1]:
-        slot[0].max_dynamic_shared_size_bytes = dynamic_smem
-        slot[1] = dynamic_smem
+            cupy.cuda.driver.funcSetAttribute(function.kernel.ptr, NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+        slot = entry[1][launch.function] = [function, 0]
+    if launch.dynamic_smem > slot[1]:
+        slot[0].max_dynamic_shared_size_bytes = launch.dynamic_smem
+        slot[1] = launch.dynamic_smem
     return slot[0]
 
 
-def sm_count(default: int | None = None) -> int:
-    """Multiprocessors of the current GPU; `default` where there is no CuPy or GPU (sizing offline)."""
-    try:
-        import cupy
-
-        device = cupy.cuda.Device()
-        if device.id not in _multiprocessors:
-            _multiprocessors[device.id] = int(device.attributes["MultiProcessorCount"])
-        return _multiprocessors[device.id]
-    except Exception:
-        if default is None:
-            raise
-        return default
+def run_plan(module, plan: LaunchPlan, arrays: Mapping[str, object], workspace, stream) -> None:
+    """Launch every kernel of `plan` on `stream`, its array arguments taken from `arrays` (inputs and outputs by
+    name, CuPy) and `workspace` (a CuPy uint8 array of at least plan.workspace_bytes, or None when it needs none).
+    No allocation, no synchronisation, no host read of device data: capturable in a CUDA graph."""
+    for launch in plan.launches:
+        args = tuple(arrays[arg] if isinstance(arg, str) else workspace[arg.offset:] if isinstance(arg, Workspace)
+                     else arg for arg in launch.args)
+        kernel_function(module, launch)(launch.grid, (launch.block, 1, 1), args, shared_mem=launch.dynamic_smem,
+                                        stream=stream)

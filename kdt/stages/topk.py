@@ -120,7 +120,8 @@ def bench_shapes(quick: bool):
             logits = rng.standard_normal((groups, depth, vocab), dtype=cp.float32) * cp.float32(1.5)
             return {"logits": device_bf16(cp, logits) if dtype == "bf16" else logits}
 
-        return BenchShape(f"G{groups}_K{depth}_vocab{vocab}_V{k}_{dtype}", make, {"k": k},
+        layout = {"logits": ((groups, depth, vocab), "bfloat16" if dtype == "bf16" else "float32")}
+        return BenchShape(f"G{groups}_K{depth}_vocab{vocab}_V{k}_{dtype}", make, {"k": k}, layout,
                           groups * depth * (vocab * itemsize + k * 8), cpu_baseline=cpu)
 
     shapes = [shape(64, 15, 163840, 8, "f32"), shape(64, 15, 163840, 8, "bf16"),

@@ -232,6 +232,24 @@ def check_layout(shapes, dtypes, params) -> None:
         raise BadInput("max_depth", "an integer >= 1", depth)
 
 
+MAX_SLOTS = 1024          # the kernel stages a request's rows in static shared memory
+MAX_BLOCKS = 2**31 - 1    # the fused argmax launches one block per row (and vocabulary split)
+
+
+def check_launch(shapes, dtypes, params) -> None:
+    """The kernel's limits: at most 1024 slots per request, fewer than 2^31 rows and vocabulary entries."""
+    groups, slots = shapes["token"]
+    if slots > MAX_SLOTS:
+        raise BadInput("token", f"N <= {MAX_SLOTS} slots (the kernel's shared-memory staging)", slots)
+    if int(params["max_depth"]) >= 2**31 - 1:
+        raise BadInput("max_depth", "an integer below 2^31 - 1", params["max_depth"])
+    if "target_logits" in shapes:
+        if groups * slots > MAX_BLOCKS:
+            raise BadInput("target_logits", f"G * N <= {MAX_BLOCKS} rows", groups * slots)
+        if shapes["target_logits"][2] >= 2**31:
+            raise BadInput("target_logits", "a vocabulary below 2^31", shapes["target_logits"][2])
+
+
 def run_reference(inputs, params):
     return reference.tree_accept(inputs["token"], inputs["first_child"], inputs["next_sibling"], inputs["n_nodes"],
                                  params["max_depth"], target_predict=inputs.get("target_predict"),
@@ -248,24 +266,31 @@ def bench_shapes(quick: bool):
         host = {name: tree[name] for name in (*TREE_INPUTS, "n_nodes")}
         return host, target_following(g, tree, targets)
 
+    def tree_layout(groups, budget):
+        return {**{name: ((groups, budget + 1), "int32") for name in TREE_INPUTS}, "n_nodes": ((groups,), "int32")}
+
     def predict_shape(groups, budget):
-        host, predict = tree_inputs(groups, budget, 1)
+        def make(cp):
+            host, predict = tree_inputs(groups, budget, 1)
+            return upload_host(cp, {**host, "target_predict": predict})
+
         moved = groups * (budget + 1) * 4 * 4 + groups * 4 * (1 + 2 * 16)
-        return BenchShape(f"predict_G{groups}_N{budget + 1}",
-                          lambda cp: upload_host(cp, {**host, "target_predict": predict}), {"max_depth": 15},
-                          moved)
+        layout = {**tree_layout(groups, budget), "target_predict": ((groups, budget + 1), "int32")}
+        return BenchShape(f"predict_G{groups}_N{budget + 1}", make, {"max_depth": 15}, layout, moved)
 
     def logits_shape(groups, budget, vocab, dtype):
-        host, _ = tree_inputs(groups, budget, 2)
         itemsize = 2 if dtype == "bf16" else 4
 
         def make(cp):
+            host, _ = tree_inputs(groups, budget, 2)
             logits = cp.random.default_rng(3).standard_normal((groups, budget + 1, vocab), dtype=cp.float32)
             device = upload_host(cp, host)
             device["target_logits"] = device_bf16(cp, logits) if dtype == "bf16" else logits
             return device
 
-        return BenchShape(f"logits_G{groups}_N{budget + 1}_vocab{vocab}_{dtype}", make, {"max_depth": 15},
+        layout = {**tree_layout(groups, budget),
+                  "target_logits": ((groups, budget + 1, vocab), "bfloat16" if dtype == "bf16" else "float32")}
+        return BenchShape(f"logits_G{groups}_N{budget + 1}_vocab{vocab}_{dtype}", make, {"max_depth": 15}, layout,
                           groups * (budget + 1) * (vocab * itemsize + 12), cpu_baseline=False)
 
     shapes = [predict_shape(256, 255), logits_shape(64, 63, 163840, "bf16")]
@@ -305,4 +330,5 @@ SPEC = StageSpec(
     shrink=shrink_case,
     bench_shapes=bench_shapes,
     torch_baseline=torch_baseline,
+    check_launch=check_launch,
 )

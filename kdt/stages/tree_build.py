@@ -163,11 +163,14 @@ def bench_shapes(quick: bool):
     from kdt.bench import BenchShape, upload_host
 
     def shape(groups, depth, fanout, budget):
-        lp, ids = drafter_topk(np.random.default_rng(budget), groups, depth, fanout)
+        def make(cp):
+            lp, ids = drafter_topk(np.random.default_rng(budget), groups, depth, fanout)
+            return upload_host(cp, {"top_logp": lp, "top_ids": ids})
+
         slots = budget + 1
         moved = groups * depth * fanout * 8 + groups * slots * (8 * 4 + reference.mask_words(slots) * 4) + groups * 4
-        return BenchShape(f"G{groups}_K{depth}_V{fanout}_B{budget}",
-                          lambda cp: upload_host(cp, {"top_logp": lp, "top_ids": ids}), {"budget": budget}, moved,
+        layout = {"top_logp": ((groups, depth, fanout), "float32"), "top_ids": ((groups, depth, fanout), "int32")}
+        return BenchShape(f"G{groups}_K{depth}_V{fanout}_B{budget}", make, {"budget": budget}, layout, moved,
                           size=budget, size_label="budget B")
 
     budgets = (16, 255) if quick else (16, 32, 64, 128, 255, 512, 1023)

@@ -160,6 +160,21 @@ def check_layout(shapes, dtypes, params) -> None:
         raise BadInput("out_dtype", "float32 or bfloat16", params.get("out_dtype"))
 
 
+MAX_GROUPS = 65535   # the kernel's grid y
+
+
+def check_launch(shapes, dtypes, params) -> None:
+    """The kernel's limits: the MLA shape 576/512 only, at most 65535 requests per launch."""
+    groups, _, _, key_dim = shapes["q"]
+    if key_dim != KEY_DIM:
+        raise BadInput("q", f"Dqk = {KEY_DIM} (the verify-attn kernel supports the MLA shape 576/512 only)", key_dim)
+    if int(params["d_v"]) != VALUE_DIM:
+        raise BadInput("d_v", f"{VALUE_DIM} (the verify-attn kernel supports the MLA shape 576/512 only)",
+                       params["d_v"])
+    if groups > MAX_GROUPS:
+        raise BadInput("q", f"at most {MAX_GROUPS} requests per launch (the kernel's grid y)", groups)
+
+
 def run_reference(inputs, params):
     names = ("q", "kv_cache", "block_table", "prefix_len", "kv_tree", "mask", "n_nodes")
     return reference.verify_attn(*(inputs[name] for name in names), softmax_scale=float(params["softmax_scale"]),
@@ -195,11 +210,16 @@ def bench_shapes(quick: bool):
         keys = groups * (prefix + slots) * KEY_DIM * 2
         moved = keys + groups * slots * heads * (KEY_DIM * 2 + VALUE_DIM * 4 + 4)
         flops = 2 * heads * slots * (prefix + slots) * (KEY_DIM + VALUE_DIM) * groups
+        pages = (prefix + PAGE_SIZE - 1) // PAGE_SIZE
+        layout = {"q": ((groups, slots, heads, KEY_DIM), "bfloat16"),
+                  "kv_cache": ((max(groups * pages, 1), PAGE_SIZE, KEY_DIM), "bfloat16"),
+                  "block_table": ((groups, max(pages, 1)), "int32"), "prefix_len": ((groups,), "int32"),
+                  "kv_tree": ((groups, slots, KEY_DIM), "bfloat16"),
+                  "mask": ((groups, slots, mask_words(slots)), "uint32"), "n_nodes": ((groups,), "int32")}
         return BenchShape(f"G{groups}_H{heads}_N{slots}_prefix{prefix}",
                           lambda cp: _device_inputs(cp, groups, heads, slots, prefix, seed=groups + heads + slots),
                           {"softmax_scale": float(1.0 / np.sqrt(KEY_DIM)), "d_v": VALUE_DIM, "out_dtype": "float32"},
-                          moved, flops, cpu_baseline=False, size=flops,
-                          size_label="flops (model)")
+                          layout, moved, flops, cpu_baseline=False, size=flops, size_label="flops (model)")
 
     headline = [shape(1, 64, 256, 32768), shape(8, 8, 8, 131072)]
     if quick:
@@ -255,4 +275,5 @@ SPEC = StageSpec(
     shrink=shrink_case,
     bench_shapes=bench_shapes,
     torch_baseline=torch_baseline,
+    check_launch=check_launch,
 )

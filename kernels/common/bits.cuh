@@ -1,46 +1,27 @@
 // kernels/common/bits.cuh -- small helpers the kernels share: float bit casts, the order-preserving uint32 key of
-// a float, and a warp-wide inclusive prefix sum. Header-only, __forceinline__; host-compilable where a kernel
-// file is also compiled for the host (logic tests).
+// a float, and a warp-wide inclusive prefix sum. Device-only, header-only, __forceinline__.
 #pragma once
 
-#include <cstdint>
-#include <cstring>
+#include <stdint.h>
 
 namespace kdt {
 
-__host__ __device__ __forceinline__ float bits_to_float(uint32_t u) {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-#endif
-}
+__device__ __forceinline__ float bits_to_float(uint32_t u) { return __uint_as_float(u); }
 
-__host__ __device__ __forceinline__ uint32_t float_to_bits(float f) {
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    std::memcpy(&u, &f, sizeof u);
-    return u;
-#endif
-}
+__device__ __forceinline__ uint32_t float_to_bits(float f) { return __float_as_uint(f); }
 
 // Order-preserving key: a > b as floats (not NaN, -0.0 != +0.0 here) iff ordered_key(a) > ordered_key(b) as
 // unsigned integers. Negative floats: ~bits; the rest: bits | 0x80000000. Callers map -0.0 or -inf as they need.
-__host__ __device__ __forceinline__ uint32_t ordered_key(float x) {
+__device__ __forceinline__ uint32_t ordered_key(float x) {
     const uint32_t u = float_to_bits(x);
     return u ^ ((uint32_t)((int32_t)u >> 31) | 0x80000000u);
 }
 
 // Inverse of ordered_key.
-__host__ __device__ __forceinline__ float ordered_float(uint32_t k) {
+__device__ __forceinline__ float ordered_float(uint32_t k) {
     return bits_to_float((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k);
 }
 
-#ifdef __CUDACC__
 // Inclusive prefix sum over the 32 lanes of a full warp, in lane order.
 template <typename T>
 __device__ __forceinline__ T warp_inclusive_scan(T v) {
@@ -52,6 +33,5 @@ __device__ __forceinline__ T warp_inclusive_scan(T v) {
     }
     return v;
 }
-#endif
 
 }  // namespace kdt

@@ -1,4 +1,5 @@
-"""`kdt fuzz` and `kdt sanitize`: the commands that try to break the kernels (wired into kdt/cli.py)."""
+"""`kdt fuzz`: random cases of random shape on the GPU against the reference; failures shrunk and kept as
+regression cases (golden/regressions/<kernel>.h5)."""
 
 from __future__ import annotations
 
@@ -12,42 +13,17 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from kdt import build, fuzz, runtime, sanitize, stages, toolkit
-from kdt.console import EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK, KdtExit, console, errors
-from kdt.spec import StageSpec
+from kdt import fuzz, stages
+from kdt.commands import common
+from kdt.commands.common import KnobOption, StagesArg
+from kdt.console import EXIT_CHECK_FAILED, EXIT_OK, console, errors
 from refs.errors import BadInput
 
 
-def _device_arch() -> str:
-    arch = runtime.device_arch()
-    if arch not in toolkit.SUPPORTED_ARCHES:
-        raise runtime.GpuMissing(f"this GPU is {arch}; kdt builds its kernels for "
-                                 f"{', '.join(toolkit.SUPPORTED_ARCHES)} only")
-    return arch
-
-
-def _preflight(specs: list[StageSpec]) -> None:
-    """Exit 2 before any case runs when this machine cannot run the kernels: no GPU (CuPy), a GPU of an
-    arch kdt does not build for, no nvcc, a kernel that does not compile, a stage without a launcher."""
-    import importlib
-
-    runtime.cupy()
-    arch = _device_arch()
-    for spec in specs:
-        build.build(spec, arch)
-        try:
-            importlib.import_module(f"kdt.launch.{spec.module_name}")
-        except ModuleNotFoundError as error:
-            raise KdtExit(EXIT_ENVIRONMENT, f"{spec.name}: no launcher (kdt/launch/{spec.module_name}.py): "
-                                            f"{error}") from None
-
-
-def _device_hooks(graph: bool):
+def device_hooks(graph: bool, knobs: dict):
     """(run_case, healthy) for the GPU; tests replace this with a fake kernel."""
-    return fuzz.device_runner(graph), fuzz.device_healthy
+    return fuzz.device_runner(graph, knobs), fuzz.device_healthy
 
-
-# --- kdt fuzz -------------------------------------------------------------------------------------------
 
 def _fuzz_table(seed: int, rows: dict[str, fuzz.FuzzProgress]) -> Table:
     table = Table(title=f"kdt fuzz (seed {seed})")
@@ -85,7 +61,7 @@ def _print_fuzz_report(report: fuzz.FuzzReport) -> None:
         console.print(f"[red]CUDA context lost[/] in {report.kernel}: {escape(report.context_lost)}")
 
 
-def fuzz_command(kernels: list[str] = typer.Argument(..., help="a kernel name or 'all'"),
+def command(kernels: list[str] = StagesArg,
                  seconds: Optional[float] = typer.Option(None, "--seconds", min=0,
                                                          help="fuzz each kernel this long (default 60, none with --cases)"),
                  seed: Optional[int] = typer.Option(None, "--seed", min=0,
@@ -100,7 +76,8 @@ def fuzz_command(kernels: list[str] = typer.Argument(..., help="a kernel name or
                  max_failures: int = typer.Option(fuzz.DEFAULT_MAX_FAILURES, "--max-failures", min=1,
                                                   help="stop fuzzing a kernel after this many failures"),
                  shrink_runs: int = typer.Option(fuzz.DEFAULT_SHRINK_RUNS, "--shrink-runs", min=0,
-                                                 help="at most this many runs to shrink one failure")):
+                                                 help="at most this many runs to shrink one failure"),
+                 knob: Optional[list[str]] = KnobOption):
     """Random cases of random shape on the GPU against the reference; failures shrunk and saved as regressions."""
     specs = stages.select(kernels)
     if seconds is None and cases is None:
@@ -110,8 +87,8 @@ def fuzz_command(kernels: list[str] = typer.Argument(..., help="a kernel name or
     without = [spec.name for spec in specs if spec.random_case is None]
     if without:
         raise BadInput("KERNEL", "kernels whose stage has a random_case generator", ", ".join(without))
-    _preflight(specs)
-    run_case, healthy = _device_hooks(graph)
+    knobs = common.knobs_for(specs, knob)
+    common.preflight(specs)
     errors.print(f"kdt fuzz: seed {seed} (rerun with --seed {seed}), "
                  + (f"{seconds:g} s" if seconds is not None else "no time limit")
                  + (f", at most {cases} cases" if cases is not None else "") + " per kernel"
@@ -129,6 +106,7 @@ def fuzz_command(kernels: list[str] = typer.Argument(..., help="a kernel name or
                 live.update(_fuzz_table(seed, rows))
 
         for spec in specs:
+            run_case, healthy = device_hooks(graph, knobs[spec.name])
             report = fuzz.run_fuzz(spec, seconds, seed, cases, progress, run_case=run_case, healthy=healthy,
                                    start=start, regressions=fuzz.regressions_path(spec.name, golden_dir) if save else None,
                                    shrink_runs=shrink_runs, max_failures=max_failures)
@@ -150,86 +128,3 @@ def fuzz_command(kernels: list[str] = typer.Argument(..., help="a kernel name or
     total = sum(r.cases_run for r in reports)
     console.print(f"{total} cases, {failed} failed, {bugs} generator bugs (seed {seed})")
     raise typer.Exit(EXIT_OK if all(r.ok for r in reports) and not skipped else EXIT_CHECK_FAILED)
-
-
-# --- kdt sanitize ---------------------------------------------------------------------------------------
-
-_STATUS_STYLE = {"clean": "green", "findings": "red", "verify failed": "red", "timeout": "red", "crashed": "red",
-                 "unsupported": "yellow", "environment": "yellow"}
-
-
-def _cell(result: sanitize.ToolResult) -> str:
-    status = result.status
-    text = f"{result.finding_count} finding{'s' if result.finding_count != 1 else ''}" if status == "findings" else status
-    return f"[{_STATUS_STYLE[status]}]{text}[/] ({result.elapsed_s:.0f} s)"
-
-
-def _sanitize_table(kernels: list[str], tools: list[str], results: list[sanitize.ToolResult]) -> Table:
-    table = Table(title="kdt sanitize: compute-sanitizer findings per kernel and tool")
-    table.add_column("kernel")
-    for tool in tools:
-        table.add_column(tool)
-    table.add_column("verify inside")
-    by_key = {(r.kernel, r.tool): r for r in results}
-    for kernel in kernels:
-        cells = [_cell(by_key[(kernel, tool)]) if (kernel, tool) in by_key else "-" for tool in tools]
-        summaries = sorted({by_key[(kernel, t)].verify_summary for t in tools if (kernel, t) in by_key} - {""})
-        table.add_row(kernel, *cells, escape(" / ".join(summaries)))
-    return table
-
-
-def _print_sanitize_details(result: sanitize.ToolResult, limit: int = 10) -> None:
-    if result.clean:
-        return
-    where = f" (log: {result.log_path})" if result.log_path else ""
-    console.print(f"[{_STATUS_STYLE[result.status]}]{result.kernel} / {result.tool}: {result.status}[/]{escape(where)}")
-    shown = result.findings[:limit]
-    for line in shown:
-        console.print(f"  {escape(line)}")
-    if len(result.findings) > limit:
-        console.print(f"  ... {len(result.findings) - limit} more")
-    if not shown:  # a crash, a timeout, a verify failure: the end of the log says why
-        for line in result.log.strip().splitlines()[-15:]:
-            console.print(f"  | {escape(line)}")
-
-
-def sanitize_command(kernels: list[str] = typer.Argument(..., help="a kernel name or 'all'"),
-                     tool: Optional[list[str]] = typer.Option(None, "--tool",
-                                                              help="memcheck, racecheck, initcheck, synccheck "
-                                                                   "(repeatable; default: all four)"),
-                     case: Optional[str] = typer.Option(None, "--case", help="only golden cases matching this glob"),
-                     keep_logs: Optional[Path] = typer.Option(None, "--keep-logs",
-                                                              help="write each run's log to DIR/<kernel>.<tool>.log"),
-                     timeout: float = typer.Option(sanitize.DEFAULT_TIMEOUT_S, "--timeout", min=1,
-                                                   help="seconds allowed per kernel and tool")):
-    """`kdt verify` under compute-sanitizer memcheck, racecheck, initcheck and synccheck; exit 1 on any finding."""
-    tools = list(dict.fromkeys(tool or sanitize.TOOLS))
-    for name in tools:
-        if name not in sanitize.TOOLS:
-            raise BadInput("--tool", "one of " + ", ".join(sanitize.TOOLS), name)
-    specs = stages.select(kernels)
-    sanitizer = sanitize.find_sanitizer()
-    if sanitizer is None:
-        raise toolkit.ToolkitMissing("compute-sanitizer not found (next to nvcc, on PATH, under CUDA_HOME or "
-                                     "/usr/local/cuda, or by cuda-pathfinder); it ships with the CUDA toolkit")
-    _preflight(specs)  # builds every cubin here, so the runs under the sanitizer find them cached
-
-    def started(kernel: str, name: str) -> None:
-        errors.print(f"{name} on {kernel} ...")
-
-    def finished(result: sanitize.ToolResult) -> None:
-        errors.print(f"{result.tool} on {result.kernel}: {_cell(result)}")
-
-    names = [spec.name for spec in specs]
-    results = sanitize.run_sanitize(names, tools, sanitizer=sanitizer, case=case, timeout_s=timeout,
-                                    keep_logs=keep_logs, on_start=started, on_result=finished)
-    console.print(_sanitize_table(names, tools, results))
-    for result in results:
-        _print_sanitize_details(result)
-    code = sanitize.exit_code(results)
-    if code == EXIT_ENVIRONMENT:
-        console.print("[yellow]compute-sanitizer could not check every kernel on this machine[/] "
-                      "(unsupported device or runtime, or no GPU): nothing was found, nothing was proven")
-    elif code == EXIT_OK:
-        console.print(f"clean: {', '.join(names)} under {', '.join(tools)}")
-    raise typer.Exit(code)

@@ -1,0 +1,62 @@
+"""What several commands share: the kernel argument, the arch option, knob options, the progress bar."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kdt import runtime, stages, toolkit
+from kdt.console import EXIT_ENVIRONMENT, KdtExit, errors
+from kdt.launch.plan import make_knobs, parse_knob_options
+from kdt.spec import StageSpec
+from refs.errors import BadInput
+
+KernelsArg = typer.Argument(None, help="kernels: " + ", ".join(stages.names()) + " (default: all)")
+StagesArg = typer.Argument(..., help="a kernel name or 'all'")
+ArchOption = typer.Option(None, "--arch", help="target arch, repeatable (default: the GPU's, else sm_120)")
+KnobOption = typer.Option(None, "--knob", metavar="NAME=VALUE",
+                          help="a launch knob of the stage (repeatable; `kdt plan STAGE` lists them)")
+
+
+def arches(requested: Optional[list[str]]) -> list[str]:
+    """The --arch values, checked; none given: the arch of the GPU present, else sm_120."""
+    if not requested:
+        return runtime.default_arches()
+    for item in requested:
+        if item not in toolkit.SUPPORTED_ARCHES:
+            raise BadInput("--arch", "one of " + ", ".join(toolkit.SUPPORTED_ARCHES), item)
+    return requested
+
+
+def knobs_for(specs: list[StageSpec], items: Optional[list[str]]) -> dict[str, dict]:
+    """--knob NAME=VALUE items -> {stage: knobs}, each checked against the stage's Knobs (BadInput otherwise). With
+    several stages a knob must belong to every one of them."""
+    given = parse_knob_options(items)
+    if not given:
+        return {spec.name: {} for spec in specs}
+    for spec in specs:
+        make_knobs(runtime.launcher(spec).Knobs, given, f"--knob (stage {spec.name})")
+    return {spec.name: given for spec in specs}
+
+
+def progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=errors, transient=False)
+
+
+def preflight(specs: list[StageSpec]) -> None:
+    """Exit 2 before any case runs when this machine cannot run the kernels: no GPU (CuPy), a GPU of an arch kdt
+    does not build for, no nvcc, a kernel that does not compile, a stage without a launcher."""
+    from kdt import build
+
+    runtime.cupy()
+    arch = runtime.device_arch()
+    for spec in specs:
+        build.build(spec, arch)
+        try:
+            runtime.launcher(spec)
+        except ModuleNotFoundError as error:
+            raise KdtExit(EXIT_ENVIRONMENT, f"{spec.name}: no launcher (kdt/launch/{spec.module_name}.py): "
+                                            f"{error}") from None

@@ -1,0 +1,27 @@
+"""`kdt pipeline`: DDTree speculative decoding end to end on a synthetic target and drafter, checked lossless."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def command(batch: int = typer.Option(8, "--batch", help="requests decoded together (G)"),
+            budget: int = typer.Option(63, "--budget", help="tree nodes per request and step, root excluded (B)"),
+            depth: int = typer.Option(8, "--depth", help="draft positions per step (K)"),
+            topk: int = typer.Option(8, "--topk", help="candidates kept per position (V)"),
+            tokens: int = typer.Option(128, "--tokens", help="tokens to generate per request"),
+            seed: int = typer.Option(0, "--seed", help="seeds the models, the prompts and the drafter"),
+            backend: str = typer.Option("gpu", "--backend", help="gpu (kdt kernels in a CUDA graph) or cpu (the references)"),
+            draft_quality: float = typer.Option(0.8, "--draft-quality",
+                                                help="0..1: how often the drafter's top guess is the target's token"),
+            vocab: int = typer.Option(4096, "--vocab", help="vocabulary of the target and the drafter"),
+            json_file: Optional[Path] = typer.Option(None, "--json", help="write every number as JSON")):
+    """DDTree speculative decoding end to end on a synthetic target/drafter pair; exit 1 unless lossless."""
+    from kdt import pipeline
+
+    config = pipeline.PipelineConfig(batch=batch, budget=budget, depth=depth, topk=topk, tokens=tokens, seed=seed,
+                                     backend=backend, draft_quality=draft_quality, vocab=vocab)
+    raise typer.Exit(pipeline.command(config, json_file))

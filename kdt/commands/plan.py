@@ -1,0 +1,102 @@
+"""`kdt plan`: the launch plans of a stage (which path, grid, block, shared memory, cluster, workspace) for its bench
+shapes or golden cases, for the GPU here or any arch and multiprocessor count; no GPU needed (nvcc builds the cubin
+whose exported constants the plans read)."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from kdt import build, golden, ops, runtime, stages, toolkit
+from kdt.commands.common import KnobOption, knobs_for
+from kdt.console import EXIT_OK, console
+from kdt.dtypes import name as dtype_name
+from kdt.launch.plan import ArraySpec, Target, knob_help
+from refs.errors import BadInput
+
+
+def command(kernel: str = typer.Argument(..., help="a kernel name"),
+            case: Optional[str] = typer.Option(None, "--case", help="the golden cases matching this glob instead "
+                                                                    "of the bench shapes"),
+            shape: Optional[str] = typer.Option(None, "--shape", help="only bench shapes matching this glob"),
+            golden_file: Optional[Path] = typer.Option(None, "--golden", help="with --case: default golden/<kernel>.h5"),
+            arch: Optional[str] = typer.Option(None, "--arch", help="plan for this arch (default: the GPU's, else sm_120)"),
+            sms: Optional[int] = typer.Option(None, "--sms", min=1, help="multiprocessors of the GPU planned for "
+                                                                         "(default: the GPU's, else a typical one)"),
+            knob: Optional[list[str]] = KnobOption,
+            json_file: Optional[Path] = typer.Option(None, "--json", help="write the plans as JSON")):
+    """Print the launch plans of a stage, and its knobs."""
+    spec = stages.get(kernel)
+    knobs = knobs_for([spec], knob)[spec.name]
+    target = _target(spec.name, arch, sms)
+    items = _cases(spec, case, golden_file) if case is not None else _shapes(spec, shape)
+    table = Table(title=f"kdt plan {spec.name}: {target.arch}, {target.multiprocessors} SMs"
+                        + (f", knobs {', '.join(f'{k}={v}' for k, v in knobs.items())}" if knobs else ""))
+    for column in ("case" if case is not None else "shape", "path", "function", "grid", "block", "cluster",
+                   "smem B", "workspace B", "facts"):
+        table.add_column(column, overflow="fold")
+    plans = []
+    for name, inputs, params in items:
+        plan = ops.plan_for(spec, inputs, params, target, knobs)
+        plans.append({"name": name, **plan.as_json()})
+        facts = ", ".join(f"{key} {value}" for key, value in plan.facts)
+        for index, row in enumerate(plan.rows() or [None]):
+            first = index == 0
+            cells = ([row["function"], row["grid"], str(row["block"]), str(row["cluster"]), str(row["dynamic smem B"])]
+                     if row else ["-"] * 5)
+            table.add_row(name if first else "", plan.path if first else "", *cells,
+                          str(plan.workspace_bytes) if first else "", escape(facts) if first else "")
+    console.print(table)
+    help_table = Table(title=f"{spec.name} knobs (--knob NAME=VALUE; kdt bench --sweep NAME=A,B)")
+    help_table.add_column("knob")
+    help_table.add_column("what it changes (default)", overflow="fold")
+    for name, text in knob_help(runtime.launcher(spec).Knobs).items():
+        help_table.add_row(name, escape(text))
+    console.print(help_table)
+    if json_file:
+        from kdt import report
+
+        report.write_atomically(json_file, json.dumps({"arch": target.arch, "multiprocessors": target.multiprocessors,
+                                                       "plans": plans}, indent=2, default=str))
+    raise typer.Exit(EXIT_OK)
+
+
+def _target(kernel: str, arch: Optional[str], sms: Optional[int]) -> Target:
+    if arch is not None and arch not in toolkit.SUPPORTED_ARCHES:
+        raise BadInput("--arch", "one of " + ", ".join(toolkit.SUPPORTED_ARCHES), arch)
+    here = arch is None and _has_gpu()
+    chosen = arch or runtime.default_arches()[0]
+    count = sms or (runtime.multiprocessors() if here else toolkit.TYPICAL_MULTIPROCESSORS[chosen])
+    return Target.make(chosen, count, build.build(kernel, chosen).constants)
+
+
+def _has_gpu() -> bool:
+    try:
+        runtime.cupy()
+        return True
+    except runtime.GpuMissing:
+        return False
+
+
+def _shapes(spec, pattern: Optional[str]):
+    if spec.bench_shapes is None:
+        return []
+    for item in spec.bench_shapes(False):
+        if pattern is None or fnmatch.fnmatch(item.name, pattern):
+            yield item.name, {n: ArraySpec(tuple(s), d) for n, (s, d) in item.layout.items()}, dict(item.params)
+
+
+def _cases(spec, pattern: str, golden_file: Optional[Path]):
+    path = golden_file or golden.default_path("golden", spec.name)
+    found = [item.case for item in golden.read(path, spec).cases if fnmatch.fnmatch(item.case.name, pattern)]
+    if not found:
+        raise BadInput("--case", f"a pattern matching a case in {path}", pattern)
+    for case in found:
+        yield case.name, {n: ArraySpec(tuple(a.shape), dtype_name(a.dtype)) for n, a in case.inputs.items()}, \
+            dict(case.params)

@@ -1,0 +1,38 @@
+// kernels/common/cluster.cuh -- thread-block clusters (sm_90+): the cluster-wide barrier halves, the address in
+// block `rank`'s shared memory of what `local` is in this block (distributed shared memory), stores there, and the
+// fence that publishes mbarrier inits to the cluster. Device-only, header-only.
+//
+// Cluster shapes are a launch decision: sm_90 runs up to 16 blocks per cluster with the non-portable opt-in,
+// sm_120 at most 8 (the portable size).
+#pragma once
+
+#include <stdint.h>
+
+#include "common/ptx.cuh"
+
+namespace kdt {
+
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+
+__device__ __forceinline__ uint32_t cluster_addr(const void* local, uint32_t rank) {
+    uint32_t there;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                 : "=r"(there) : "r"(smem_addr(local)), "r"(rank));
+    return there;
+}
+__device__ __forceinline__ void store_to_block(const void* local, uint32_t rank, uint32_t value) {
+    asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(cluster_addr(local, rank)), "r"(value) : "memory");
+}
+__device__ __forceinline__ void store_to_block(const void* local, uint32_t rank, uint2 value) {
+    asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};\n" ::"r"(cluster_addr(local, rank)), "r"(value.x),
+                 "r"(value.y) : "memory");
+}
+
+// mbarrier.init of this block -> visible to the whole cluster (and to the async proxy with fence_proxy_async)
+__device__ __forceinline__ void fence_mbarrier_init_cluster() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+}  // namespace kdt

@@ -1,0 +1,121 @@
+// kernels/common/ptx.cuh -- the PTX wrappers the kernels share: shared-window addresses, async copies into shared
+// memory (per-thread cp.async and the bulk-copy engine), shared-memory loads, stores and atomics, named barriers,
+// the fast exponential and packed bf16 arithmetic. Device-only, header-only, __forceinline__.
+//
+// Every inline `asm` of the kernels lives in kernels/common/ (this file, cluster.cuh, mbarrier.cuh, mma.cuh,
+// wgmma.cuh), so each instruction's contract is written down once.
+#pragma once
+
+#include <stdint.h>
+
+namespace kdt {
+
+// The shared-window address of a shared-memory object (what PTX's shared-state operands take).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// 2^x by MUFU.EX2 (max rel. error 2 ulp; flushes subnormals; 2^-inf = +0).
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Elementwise maximum of two bf16 pairs (HMNMX2.BF16). max.bf16x2 has no .ftz form: subnormals are kept; it
+// returns one of its inputs (no rounding), -inf is the smallest value, and of -0.0 / +0.0 either may come back.
+// NaN must never reach it.
+__device__ __forceinline__ uint32_t bf16x2_max(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// Two floats -> bf16x2 (round to nearest even), `lo` in the low half (the lower address / column).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    uint32_t d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+// lop3.b32 with the truth table `table` (an immediate).
+template <uint32_t table>
+__device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(d) : "r"(a), "r"(b), "r"(c), "n"(table));
+    return d;
+}
+
+// An empty asm that "changes" a pointer: the compiler must take its value as it is there (it cannot rebuild it
+// from an induction variable that it would then have to advance in every step of a loop).
+template <typename T>
+__device__ __forceinline__ void opaque(T*& p) { asm("" : "+l"(p)); }
+
+// threadIdx.x through a volatile read: the compiler cannot hoist values derived from it out of a loop (where
+// recomputing a few lane offsets per tile is cheaper than keeping them in registers).
+__device__ __forceinline__ uint32_t thread_x() {
+    uint32_t t;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+    return t;
+}
+
+// ---- per-thread async copies (cp.async, sm_80+), 16 bytes global -> shared, bypassing L1 (.cg)
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+// the same, reading only `src_bytes` (0 or 16) of src: 0 zero-fills the 16 bytes without reading src
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, uint32_t src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// all but the PENDING most recent committed groups of this thread have landed
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory"); }
+
+// ---- bulk copies (cp.async.bulk, the TMA engine, sm_90+): one instruction moves `bytes` (a multiple of 16,
+// both addresses 16-byte aligned) from global memory into this block's shared memory and completes them on the
+// block's mbarrier `bar` (common/mbarrier.cuh), which an arrive_expect_tx of the same bytes has armed.
+__device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+// generic-proxy shared-memory writes (cp.async, st.shared, mbarrier.init) -> visible to the async proxy (bulk
+// copies, wgmma operand reads)
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// ---- shared memory by shared-window address (volatile + memory: never moved across a cp.async wait)
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+    uint4 r;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr) : "memory");
+    return r;
+}
+__device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+// *counter += value, returning the old value, without the compiler's warp aggregation (a shuffle scan per call):
+// the few lanes that reserve slots at once are serialised by the hardware instead.
+__device__ __forceinline__ uint32_t shared_add(uint32_t* counter, uint32_t value) {
+    uint32_t old;
+    asm volatile("atom.shared.add.u32 %0, [%1], %2;\n"
+                 : "=r"(old) : "r"(smem_addr(counter)), "r"(value) : "memory");
+    return old;
+}
+// *address += 1 when `add` (a shared-window address): one predicated reduction, so a warp's items need no branch.
+__device__ __forceinline__ void shared_add_if(uint32_t address, bool add) {
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %1, 0;\n\t@p red.shared.add.u32 [%0], 1;\n\t}"
+                 :: "r"(address), "r"((uint32_t)add) : "memory");
+}
+// *p = value when `store` (p in shared memory), as one predicated store: the compiler branches around a plain
+// `if`, which costs a branch and a convergence barrier per item.
+__device__ __forceinline__ void shared_store_if(const void* p, uint32_t value, bool store) {
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %2, 0;\n\t@p st.shared.u32 [%0], %1;\n\t}"
+                 :: "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(value), "r"((uint32_t)store) : "memory");
+}
+
+// ---- named barriers: `count` threads (a multiple of 32) of the block meet at barrier `id` (1..15; 0 is
+// __syncthreads)
+__device__ __forceinline__ void named_barrier(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+}  // namespace kdt

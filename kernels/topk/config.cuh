@@ -1,0 +1,83 @@
+// kernels/topk/config.cuh -- topk's compile-time constants: the block shapes of the three paths, the per-arch
+// choices (the small path's cp.async ring and blocks per SM, the row cluster size), the limits the launcher checks
+// (exported by topk.cu as kdt_topk_*) and the static_asserts that tie the shared-memory layouts to them. Used by
+// every entry point. Why each value: plans/kernels/topk.md, "Configuration".
+#pragma once
+
+#include <stdint.h>
+
+namespace topk {
+
+constexpr unsigned FULL = 0xffffffffu;        // every lane of a warp
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr int VEC_BYTES = 16;                 // one vector: a 16-byte load or copy (float4 / 8 x bf16)
+
+// ---- the contract's limits (every path)
+constexpr int MAX_V = 1024;
+constexpr int MAX_VOCAB = 1 << 18;
+constexpr int ID_BITS = 18;                   // an id fits 18 bits (vocab <= MAX_VOCAB)
+
+// ---- small and cluster paths (kdt_topk_small_*, kdt_topk_cluster_*)
+constexpr int SMALL_THREADS = 256;
+constexpr int SMALL_WARPS = SMALL_THREADS / 32;
+constexpr int SMALL_U = 4;                    // 16-byte loads in flight per thread and step
+constexpr int SMALL_USTRIDE = 32;             // vectors between a thread's U vectors of one step (a warp-wide row)
+constexpr int SMALL_MAX_V = 32;
+constexpr int SMALL_CAPW = 384;               // per-warp candidate buffer entries
+// SMALL_STAGES: steps in the cp.async ring of dynamic shared memory (0: loads go to registers). sm_90: 2 stages
+// (32 KB; 3 blocks of 74 KB fit the 227 KB of an SM). sm_120 (~100 KB of shared memory per SM, where the ring
+// would cost a resident block) keeps the register loads.
+// ROW_CLUSTER: blocks per row of the cluster path and of the wide resident shape: 8 is the portable cluster size;
+// sm_90 runs 16-block clusters (non-portable: the launcher opts the functions in).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+constexpr int SMALL_STAGES = 0;
+constexpr int SMALL_MIN_BLOCKS = 2;           // what its shared memory holds: 128 registers per thread
+constexpr int ROW_CLUSTER = 8;
+#else
+constexpr int SMALL_STAGES = 2;
+constexpr int SMALL_MIN_BLOCKS = 3;           // 80 registers per thread
+constexpr int ROW_CLUSTER = 16;
+#endif
+constexpr int SMALL_STAGE_BYTES = SMALL_STAGES * SMALL_U * SMALL_THREADS * VEC_BYTES;
+constexpr int SMALL_RING = SMALL_STAGES > 0 ? SMALL_STAGES : 1;    // modulus of the slot index
+constexpr int MAX_SPLITS = 128;
+constexpr int MAX_CLUSTER = 16;
+constexpr int MERGE_CAP = 2048;               // S * VT <= MERGE_CAP (shared-memory merge buffer)
+// Cluster path: block 0's receive slots for the lists lie at s_k/s_i[RECV_BASE ..] (past the block's own warp
+// lists), those for the statistics at s_m/s_s[SMALL_WARPS ..].
+constexpr int RECV_BASE = 8 * 32;             // SMALL_WARPS * SMALL_MAX_V
+constexpr int PRUNED_CAP = SMALL_THREADS;     // survivors pruned_merge ranks by counting (in the candidate buffers)
+
+static_assert((SMALL_RING & (SMALL_RING - 1)) == 0, "slot index = step & (SMALL_RING - 1)");
+static_assert(SMALL_MAX_V <= 32, "warp-distributed list needs VT <= 32");
+static_assert(RECV_BASE == SMALL_WARPS * SMALL_MAX_V && RECV_BASE + MAX_CLUSTER * SMALL_MAX_V <= MERGE_CAP,
+              "cluster receive slots lie past the warp lists, inside s_k/s_i");
+static_assert(SMALL_WARPS + MAX_CLUSTER <= MAX_SPLITS, "cluster statistics slots inside s_m/s_s");
+static_assert(ROW_CLUSTER <= MAX_CLUSTER, "cluster receive slots");
+static_assert(PRUNED_CAP <= SMALL_WARPS * SMALL_CAPW, "pruned_merge's survivors fit the candidate buffers");
+
+// ---- resident path (kdt_topk_resident_*)
+constexpr int RES_VT = 8;                     // largest V: the block bound is the smallest of >= V warp maxima
+constexpr int RES_GROUP = 2;                  // vectors per thread of one bulk copy (one mbarrier) and one
+                                              // softmax group: what a block still computes after its last bytes
+                                              // land (4: 0.4-0.9 us slower at G=1)
+constexpr int RES_THREADS = 256;
+constexpr int RES_WARPS = RES_THREADS / 32;
+constexpr int RES_SEND_CAP = RES_THREADS / 4; // candidates a block sends as they are (~20 on normal rows, 65 seen)
+constexpr int RES_LOCAL_CAP = RES_THREADS;    // more: the block ranks up to this many itself
+constexpr int RES_NARROW_CLUSTER = 8;         // the portable cluster size
+static_assert(RES_VT <= RES_WARPS, "bounds from RES_VT distinct warp maxima");
+static_assert(RES_VT <= RES_SEND_CAP && RES_SEND_CAP <= RES_LOCAL_CAP, "a block sends its top V at most");
+
+// ---- general path (kdt_topk_general_*)
+constexpr int GEN_THREADS = 1024;
+constexpr int GEN_WARPS = GEN_THREADS / 32;
+constexpr int GEN_U = 4;                      // scalar loads in flight per thread
+constexpr int GEN_BINS = 2048;                // 11-bit digits
+constexpr int COMP_BITS = 32 + ID_BITS;       // the composite key << ID_BITS | reversed id
+constexpr uint32_t ID_MASK = (1u << ID_BITS) - 1u;
+static_assert(GEN_BINS % GEN_THREADS == 0, "bins per thread");
+static_assert(MAX_V <= GEN_THREADS * 2, "bitonic sort: one pair per thread and pass loop");
+static_assert(MAX_VOCAB <= (1 << ID_BITS), "an id fits the composite's id field");
+
+}  // namespace topk

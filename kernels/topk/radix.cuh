@@ -1,0 +1,219 @@
+// kernels/topk/radix.cuh -- the general path (any V <= 1024): one block of 1024 threads per row runs an exact radix
+// select on the 50-bit composite (key, reversed id) over shared-memory histograms, gathers the V selected elements,
+// sorts them (bitonic) and writes the row; the softmax statistics come with the first pass. general_impl<Tin>
+// serves kdt_topk_general_{f32,bf16}. See plans/kernels/topk.md, "General path".
+#pragma once
+
+#include <float.h>
+#include <stdint.h>
+
+#include "common/bits.cuh"
+#include "topk/config.cuh"
+#include "topk/elements.cuh"
+#include "topk/keys.cuh"
+#include "topk/softmax.cuh"
+
+namespace topk {
+
+// The composite c = key << ID_BITS | (ID_MASK - id): larger c = better in (key desc, id asc); unique.
+__device__ __forceinline__ unsigned long long comp(float x, int id) {
+    return ((unsigned long long)f2key(x) << ID_BITS) | (unsigned long long)(ID_MASK - (uint32_t)id);
+}
+
+// Warp-uniform shared-memory histogram increment, aggregated over lanes hitting the same bin (real logits
+// crowd into a few top-bit bins; plain atomics would serialise 32-way).
+__device__ __forceinline__ void warp_hist_add(uint32_t* hist, uint32_t bin, bool ok, int lane) {
+    if (!__any_sync(FULL, ok)) return;
+    const uint32_t peers = __match_any_sync(FULL, ok ? bin : 0xffffffffu);
+    if (ok && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (uint32_t)__popc(peers));
+}
+
+// Exclusive prefix sum over the block in thread order (GEN_THREADS threads).
+__device__ __forceinline__ uint32_t block_excl_scan(uint32_t v, uint32_t* s_w, int lane, int warp) {
+    const uint32_t inc = kdt::warp_inclusive_scan(v);
+    if (lane == 31) s_w[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+        const uint32_t t = kdt::warp_inclusive_scan(lane < GEN_WARPS ? s_w[lane] : 0u);
+        if (lane < GEN_WARPS) s_w[lane] = t;
+    }
+    __syncthreads();
+    const uint32_t r = (warp ? s_w[warp - 1] : 0u) + inc - v;
+    __syncthreads();
+    return r;
+}
+
+// A row's top V (any V <= MAX_V) and log-probabilities from one block: pass 1 (statistics and the top digit),
+// the refining passes of the radix select, the gather of exactly V elements, a bitonic sort, the outputs.
+template <typename Tin>
+__device__ __forceinline__ void general_impl(const Tin* __restrict__ logits, int* __restrict__ top_ids,
+                                             float* __restrict__ top_logp, int vocab, int V) {
+    using E = Elem<Tin>;
+    constexpr int T = GEN_THREADS;
+    constexpr int U = GEN_U;
+    constexpr int BPT = GEN_BINS / T;
+
+    __shared__ uint32_t hist[GEN_BINS];
+    __shared__ unsigned long long cand[MAX_V];
+    __shared__ uint32_t s_w[GEN_WARPS];
+    __shared__ float s_m[GEN_WARPS];
+    __shared__ float s_s[GEN_WARPS];
+    __shared__ float s_stat[2];
+    __shared__ uint32_t s_digit, s_above, s_cnt;
+
+    if (V < 1 || V > MAX_V || V > vocab || vocab > MAX_VOCAB) return;   // launcher bug guard
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int row = blockIdx.x;
+    const Tin* rp = logits + (size_t)row * (size_t)vocab;
+
+    // f(x, id, ok) on every slot of the row, called warp-uniformly (ok = false past the end of the row);
+    // U coalesced scalar loads in flight per thread
+    auto for_each = [&](auto&& f) {
+        for (int b = 0; b < vocab; b += T * U) {
+            float x[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int j = b + u * T + tid;
+                x[u] = j < vocab ? E::load1(rp + j) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int j = b + u * T + tid;
+                f(x[u], j, j < vocab);
+            }
+        }
+    };
+
+    for (int i = tid; i < GEN_BINS; i += T) hist[i] = 0u;
+    __syncthreads();
+
+    // pass 1: softmax statistics + histogram of the top 11 bits (= key >> 21)
+    float m = -FLT_MAX, s = 0.0f;
+    for (int b = 0; b < vocab; b += T * U) {
+        float x[U];
+        bool ok[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int j = b + u * T + tid;
+            ok[u] = j < vocab;
+            x[u] = ok[u] ? E::load1(rp + j) : neg_inf();
+        }
+        float gm = x[0];
+#pragma unroll
+        for (int u = 1; u < U; ++u) gm = fmaxf(gm, x[u]);
+        raise_max(m, s, gm);
+        float ev[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) ev[u] = ex2((x[u] - m) * LOG2E);
+        s += tree_sum(ev);
+#pragma unroll
+        for (int u = 0; u < U; ++u) warp_hist_add(hist, f2key(x[u]) >> 21, ok[u], lane);
+    }
+    warp_fold_stats(m, s);
+    if (lane == 0) { s_m[warp] = m; s_s[warp] = s; }
+    __syncthreads();
+    if (warp == 0) fold_stats(s_m, s_s, GEN_WARPS, s_stat, lane);
+    // (the __syncthreads inside block_excl_scan orders s_stat and hist)
+
+    // radix select on the composite: nb bits fixed (= prefix P), `need` still wanted among its elements
+    uint32_t need = (uint32_t)V;
+    unsigned long long P = 0ull;
+    int nb = 0;
+    int w = 11;
+    for (;;) {
+        const int nbins = 1 << w;
+        uint32_t c = 0u;
+#pragma unroll
+        for (int q = 0; q < BPT; ++q) {
+            const int idx = tid * BPT + q;
+            if (idx < nbins) c += hist[nbins - 1 - idx];
+        }
+        const uint32_t ex = block_excl_scan(c, s_w, lane, warp);
+        if (ex < need && need <= ex + c) {   // exactly one thread
+            uint32_t run = ex;
+#pragma unroll
+            for (int q = 0; q < BPT; ++q) {
+                const int idx = tid * BPT + q;
+                if (idx < nbins) {
+                    const uint32_t h = hist[nbins - 1 - idx];
+                    if (run + h >= need) {
+                        s_digit = (uint32_t)(nbins - 1 - idx);
+                        s_above = run;
+                        break;
+                    }
+                    run += h;
+                }
+            }
+        }
+        __syncthreads();
+        const uint32_t d = s_digit;
+        const uint32_t hd = hist[d];
+        need -= s_above;
+        P = (P << w) | d;
+        nb += w;
+        __syncthreads();
+        for (int i = tid; i < GEN_BINS; i += T) hist[i] = 0u;
+        __syncthreads();
+        if (hd == need) break;          // every element with this prefix is taken (always true at nb = 50)
+        w = min(11, COMP_BITS - nb);
+        const int shp = COMP_BITS - nb, shd = COMP_BITS - nb - w;
+        const uint32_t mask = (1u << w) - 1u;
+        const unsigned long long Pc = P;
+        for_each([&](float x, int j, bool ok) {
+            const unsigned long long cc = comp(x, j);
+            warp_hist_add(hist, (uint32_t)(cc >> shd) & mask, ok && (cc >> shp) == Pc, lane);
+        });
+        __syncthreads();
+    }
+
+    // gather exactly V elements: prefix >= P
+    if (tid == 0) s_cnt = 0u;
+    __syncthreads();
+    {
+        const int shp = COMP_BITS - nb;
+        const unsigned long long Pc = P;
+        for_each([&](float x, int j, bool ok) {
+            const unsigned long long cc = comp(x, j);
+            const bool sel = ok && (cc >> shp) >= Pc;
+            const uint32_t bal = __ballot_sync(FULL, sel);
+            if (bal) {
+                uint32_t b0 = 0u;
+                if (lane == __ffs(bal) - 1) b0 = atomicAdd(&s_cnt, (uint32_t)__popc(bal));
+                b0 = __shfl_sync(FULL, b0, __ffs(bal) - 1);
+                const uint32_t slot = b0 + (uint32_t)__popc(bal & ((1u << lane) - 1u));
+                if (sel && slot < (uint32_t)MAX_V) cand[slot] = cc;
+            }
+        });
+    }
+    __syncthreads();
+    int p2 = 1;
+    while (p2 < V) p2 <<= 1;
+    for (int i = V + tid; i < p2; i += T) cand[i] = 0ull;
+    __syncthreads();
+    // bitonic sort, descending
+    for (int k = 2; k <= p2; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int t = tid; t < (p2 >> 1); t += T) {
+                const int i = (t / j) * 2 * j + (t % j);
+                const int pj = i + j;
+                const bool desc = (i & k) == 0;
+                const unsigned long long a = cand[i], bb = cand[pj];
+                if ((a < bb) == desc) { cand[i] = bb; cand[pj] = a; }
+            }
+            __syncthreads();
+        }
+    }
+    const float bm = s_stat[0];
+    const float lsum = logf(s_stat[1]);
+    for (int r = tid; r < V; r += T) {
+        const unsigned long long cc = cand[r];
+        const size_t o = (size_t)row * V + r;
+        top_ids[o] = (int)(ID_MASK - (uint32_t)(cc & ID_MASK));
+        top_logp[o] = (key2f((uint32_t)(cc >> ID_BITS)) - bm) - lsum;
+    }
+}
+
+}  // namespace topk

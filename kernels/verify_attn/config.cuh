@@ -1,0 +1,143 @@
+// kernels/verify_attn/config.cuh -- verify-attn's compile-time configuration: the MLA dims, the per-arch tile
+// choice (KV_T keys per tile, STAGES key buffers), the smem layout (Q, key tiles, P, row stats, mbarriers), the
+// warp layouts of both mainloops, the mbarrier ids of the sm_90a pipeline, the combine's shape, and the
+// static_asserts the code relies on. Used by both entry points (kdt_verify_attn_fwd, kdt_verify_attn_combine)
+// and every header of the stage. Why each choice: plans/kernels/verify-attn.md, "Configuration".
+#pragma once
+
+#include <stdint.h>
+
+namespace va {
+
+// ---- shapes (the launcher rejects others: kdt_verify_attn_dqk / kdt_verify_attn_dv)
+constexpr int DQK = 576;                      // key dim (512 latent + 64 rope)
+constexpr int DV = 512;                       // value dim (first DV columns of a key row)
+constexpr int PAGE = 64;                      // kv_cache page size in tokens
+constexpr int ROWS = 64;                      // query rows (slot, head) per CTA
+constexpr int THREADS = 256;
+constexpr int WARPS = THREADS / 32;
+constexpr int ROW_BYTES = DQK * 2;            // 1152 B per key / query row
+constexpr int ROW_CHUNKS = ROW_BYTES / 16;    // 72 16-byte chunks per row
+
+// ---- per-arch tile: two 64-key buffers fit the 227 KB parts, one 16-key buffer the 99 KB ones
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 1200 || __CUDA_ARCH__ < 900)
+constexpr int KV_T = 16;                      // keys per tile (99 KB smem parts: sm_120, sm_8x)
+constexpr int STAGES = 1;
+#else
+constexpr int KV_T = 64;                      // keys per tile = one page (227 KB smem parts: sm_90, sm_100)
+constexpr int STAGES = 2;
+#endif
+
+// sm_90a build: the warp-specialised wgmma pipeline (mainloop_wgmma.cuh); every other build: the mma.sync
+// path (mainloop_mma.cuh).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+constexpr bool WGMMA = true;
+#else
+constexpr bool WGMMA = false;
+#endif
+
+// Q / key tile layout in smem. mma.sync: row-major rows of 1152 B (TROW), 16-byte chunk c of row r at chunk
+// c ^ (r & 7) inside its group of 8 (BLK = 128 B between 64-column blocks). wgmma: the 128-byte swizzle layout,
+// 64-column block m of a 64-row tile at m * 8192 B, row r at +128 r, chunk u at u ^ (r & 7) (TROW = 128,
+// BLK = 8192). Both: byte offset of (row r, column block m, chunk u) = m*BLK + r*TROW + 16*(u^(r&7)).
+constexpr int TROW = WGMMA ? 128 : ROW_BYTES;
+constexpr int BLK = WGMMA ? 64 * 128 : 128;
+
+// ---- mma.sync warp layout (mainloop_mma.cuh; see the note's "mma.sync mainloop")
+constexpr int S_WN = 2;                       // warps along the keys of a tile in S = Q K^T
+constexpr int TW = KV_T / S_WN;               // keys per S warp (after the split-D exchange)
+// S = Q K^T: SPLIT_D (KV_T = 64): warp w = 4*dh + 2*rg + cg computes 32 rows x 32 keys over half the k16
+// steps (ks = 2j + dh) and adds the partner's half through smem; else (KV_T = 16) warp w = 2*rg + cg computes
+// 16 rows x 8 keys over all 576 dims.
+constexpr bool SPLIT_D = KV_T == 64 && !WGMMA;
+constexpr int NT = TW / 8;                    // 8-key n-tiles per S warp
+constexpr int MT = ROWS / 16;                 // 16-row m-tiles per PV warp (all rows)
+constexpr int DV_W = DV / WARPS;              // value columns per PV warp
+constexpr int PV_NP = DV_W / 16;              // pairs of 8-column n-tiles per PV warp
+constexpr int KSTEPS_PV = KV_T / 16;          // k16 steps of P V per tile
+constexpr int P_ROW_BYTES = KV_T * 2;         // P buffer (mma.sync path): ROWS rows of KV_T bf16
+constexpr int P_CHUNKS = KV_T / 8;            // 16-byte chunks per P row
+// O accumulators per thread: O_NT n8-tiles x 4 fp32 = 128 registers on either path.
+//   mma.sync P V: tile j = 2*PV_NP*mt + nt holds rows 16mt + gq (+8) x columns DV_W*warp + 8nt + 2cq (+1).
+//   wgmma P V: the m64n256k16 D fragment, tile j holds rows 16(warp%4) + gq (+8) x columns PV_WG_N*wg + 8j + 2cq (+1).
+constexpr int O_NT = MT * 2 * PV_NP;
+
+// ---- sm_90a pipeline (mainloop_wgmma.cuh; see the note's "sm_90a pipeline")
+constexpr int WG_THREADS = 128;               // one warpgroup
+constexpr int PV_WG_N = DV / 2;               // value columns per warpgroup (the n of m64n256k16)
+constexpr int PIPE_NT = KV_T / 8;             // n8 tiles of the m64n64 S fragment (all keys of a tile)
+constexpr int P_BLK = DQK / 64 - 1;           // P_k lives in column block 8 (rope, 64 x 128 B) of tile k
+// Handoffs between the warpgroups: shared-memory mbarriers (index into the OFF_BAR array of 8-byte words).
+// Every producing thread arrives (release), every thread of the consuming warpgroup waits on the phase
+// parity (acquire); the parities are derived in the note ("Handoffs").
+constexpr int MB_PREADY = 0;                  // WG0 -> WG1: P_k and alpha_k are in smem (one phase per tile)
+constexpr int MB_FULL = 1;                    // WG1 -> WG0: tile k+1 has landed (cp.async by WG1)
+constexpr int MB_EMPTY = 2;                   // + buffer k & 1: both warpgroups' P V of tile k has retired
+constexpr int MB_SDONE = MB_EMPTY + STAGES;   // WG0 -> WG0: every warp's S wgmma of tile k has retired
+constexpr int PIPE_MBARS = MB_SDONE + 1;      // PREADY, FULL, EMPTY[0], EMPTY[1], SDONE
+constexpr int MB_HANDOFF_ARRIVALS = WG_THREADS;  // PREADY, SDONE (WG0 arrives), FULL (WG1 arrives)
+// EMPTY: every thread of both warpgroups arrives after its P V wait, WG1 then waits: WG1's own four warps
+// must all be past their P V reads of the buffer as well (each warp's slice of the m64n256 wgmma reads all
+// of V) before any WG1 thread overwrites it.
+constexpr int MB_EMPTY_ARRIVALS = THREADS;
+
+// ---- shared memory (dynamic, 1 KB aligned). The sm_90a pipeline leaves P, REDMAX and REDL unused (P lives in
+// the key tile's rope block) but keeps the layout, so kdt_verify_attn_smem_bytes differs only by the mbarriers.
+constexpr int Q_BYTES = ROWS * ROW_BYTES;
+constexpr int KV_TILE_BYTES = KV_T * ROW_BYTES;
+constexpr int P_BYTES = ROWS * P_ROW_BYTES;
+constexpr int OFF_Q = 0;
+constexpr int OFF_KV = OFF_Q + Q_BYTES;                 // STAGES key tiles
+constexpr int OFF_P = OFF_KV + STAGES * KV_TILE_BYTES;  // mma.sync: P (bf16) and the split-D exchange
+constexpr int OFF_REDMAX = OFF_P + P_BYTES;              // float [ROWS][S_WN]
+constexpr int OFF_REDL = OFF_REDMAX + ROWS * S_WN * 4;  // float [ROWS][S_WN]
+constexpr int OFF_ALPHA = OFF_REDL + ROWS * S_WN * 4;   // float [ROWS]
+constexpr int OFF_INVL = OFF_ALPHA + ROWS * 4;          // float [ROWS]
+constexpr int OFF_BAR = OFF_INVL + ROWS * 4;            // sm_90a only: uint64 mbarrier [PIPE_MBARS]
+constexpr int BAR_BYTES = WGMMA ? PIPE_MBARS * 8 : 0;   // other paths: no mbarrier, smem size unchanged
+constexpr int SMEM_BYTES = OFF_BAR + BAR_BYTES;
+
+// ---- combine (kdt_verify_attn_combine)
+constexpr int COMBINE_THREADS = 256;
+constexpr int COMBINE_WARPS_PER_ROW = 4;                // each warp: DV / 4 value columns, a float4 per lane
+constexpr int COMBINE_ROWS = COMBINE_THREADS / 32 / COMBINE_WARPS_PER_ROW;   // output rows per block
+constexpr int COMBINE_UNROLL = 8;                       // partial-row loads in flight per lane
+
+constexpr float NEG_INF = -__builtin_huge_valf();
+constexpr float LN2 = 0.693147180559945309f;
+
+// ---- what the code relies on
+static_assert(OFF_BAR % 8 == 0, "mbarrier objects are 8-byte aligned");
+static_assert(MB_PREADY >= 0 && MB_FULL > MB_PREADY && MB_EMPTY > MB_FULL && MB_SDONE >= MB_EMPTY + STAGES &&
+                  MB_HANDOFF_ARRIVALS == WG_THREADS &&
+                  MB_EMPTY_ARRIVALS == 2 * WG_THREADS,
+              "sm_90a pipeline: distinct mbarriers; arrival count = threads that arrive on each");
+static_assert(!WGMMA || (THREADS == 2 * WG_THREADS && PIPE_NT == 8 && P_BLK == 8 && KV_T == PAGE &&
+                         (P_BLK + 1) * 64 == DQK && STAGES == 2),
+              "sm_90a pipeline: two warpgroups, 64-key tiles (one page), P in the rope column block");
+static_assert(!WGMMA || (ROWS == 64 && KV_T == 64 && WARPS == 8 && OFF_KV % 1024 == 0 &&
+                         KV_TILE_BYTES % 1024 == 0), "wgmma: 64-row x 64-key tiles, 1 KB swizzle atoms");
+static_assert(!WGMMA || (PV_WG_N == 256 && O_NT * 8 == PV_WG_N && BLK == 8192 && TROW == 128),
+              "wgmma P V: two warpgroups x m64n256, P = one 64 x 128 B swizzle block, V = 64-column blocks");
+static_assert(DV == 4 * 32 * COMBINE_WARPS_PER_ROW, "combine: a float4 per lane covers the value row");
+static_assert(COMBINE_THREADS % (32 * COMBINE_WARPS_PER_ROW) == 0, "combine: whole rows per block");
+static_assert(DV_W == 64, "PV warp = one 64-column block of V");
+static_assert(O_NT == 32, "O = 128 fp32 registers per thread");
+static_assert(SPLIT_D ? (ROWS == 64 && TW == 32 && WARPS == 8) : (WARPS / S_WN) * 16 == ROWS,
+              "S warps must cover the query rows");
+static_assert(!SPLIT_D || P_BYTES >= (WARPS / 2) * 2048, "split-D exchange lives in the P buffer");
+static_assert(!SPLIT_D || (DQK / 16) % 2 == 0, "split-D: even number of k16 steps");
+static_assert(NT == 1 || NT % 2 == 0, "S n-tiles: one, or pairs for ldmatrix.x4");
+static_assert(PAGE % KV_T == 0 && KV_T % 16 == 0, "a key tile lies in one page and is k16-aligned");
+static_assert(DQK % 64 == 0, "S loop runs in groups of 4 k16 steps");
+static_assert(DV % (WARPS * 16) == 0, "value columns split in 16-column pairs per warp");
+static_assert(P_CHUNKS == 2 || P_CHUNKS == 4 || P_CHUNKS == 8, "P swizzle");
+static_assert(ROW_CHUNKS % 8 == 0, "key/query swizzle works on groups of 8 chunks");
+static_assert(THREADS % KV_T == 0 && THREADS % ROWS == 0, "loader: whole threads per row");
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 1200 || __CUDA_ARCH__ < 900)
+static_assert(SMEM_BYTES <= 101376, "sm_120 / sm_8x: 99 KB of dynamic smem per block");
+#else
+static_assert(SMEM_BYTES <= 232448, "sm_90 / sm_100: 227 KB of dynamic smem per block");
+#endif
+
+}  // namespace va

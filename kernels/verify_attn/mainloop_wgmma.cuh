@@ -1,0 +1,287 @@
+// kernels/verify_attn/mainloop_wgmma.cuh -- kdt_verify_attn_fwd on sm_90a (attend_wgmma): the warp-specialised
+// wgmma pipeline. Warpgroup 0 computes S = Q K^T (m64n64: all keys of a tile over all of Dqk), the online softmax
+// and P V for value columns 0..255; warpgroup 1 loads the key tiles (cp.async) and computes P V for columns
+// 256..511. P_k lives in the rope column block of tile k's own buffer; the handoffs are shared-memory mbarriers
+// (config.cuh, MB_*). Compiled only for sm_90a. Schedule, mbarrier parities and their proofs:
+// plans/kernels/verify-attn.md, "sm_90a pipeline".
+#pragma once
+
+#include <stdint.h>
+
+#include "common/mbarrier.cuh"
+#include "common/ptx.cuh"
+#include "common/wgmma.cuh"
+#include "verify_attn/config.cuh"
+#include "verify_attn/params.cuh"
+#include "verify_attn/softmax.cuh"
+#include "verify_attn/tiles.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace va {
+
+using kdt::cp_async_commit;
+using kdt::cp_async_wait;
+using kdt::fence_proxy_async;
+using kdt::mbar_arrive;
+using kdt::mbar_init;
+using kdt::mbar_wait;
+using kdt::pack_bf16;
+using kdt::reg_fence_all;
+using kdt::smem_addr;
+using kdt::wgmma_commit;
+using kdt::wgmma_desc_sw128;
+using kdt::wgmma_desc_sw128_mn;
+using kdt::wgmma_fence;
+using kdt::wgmma_m64n256k16_tb;
+using kdt::wgmma_m64n64k16;
+using kdt::wgmma_retire;
+
+// O (m64n256 fragment) += P V of one key tile on wgmma, issued and committed, not waited (wgmma_retire): A = P
+// at p_addr (K-major 128-byte swizzle, k16 step kk at +32*kk bytes inside the 128-byte row), B = V at v_addr,
+// this warpgroup's 256 value columns (MN-major: LBO = BLK to the next 64 value columns, SBO = 8*TROW to the
+// next 8 keys, k16 step kk at +16*TROW bytes).
+__device__ __forceinline__ void pv_wgmma(float (&o)[O_NT][4], uint32_t p_addr, uint32_t v_addr) {
+    const uint64_t dp = wgmma_desc_sw128(p_addr);
+    const uint64_t dv = wgmma_desc_sw128_mn(v_addr, BLK, 8 * TROW);
+    reg_fence_all(o);  // a rescale of o is done before the fence
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS_PV; ++kk)
+        wgmma_m64n256k16_tb(o, dp + static_cast<uint64_t>((32 * kk) >> 4),
+                            dv + static_cast<uint64_t>((16 * TROW * kk) >> 4));
+    wgmma_commit();
+    reg_fence_all(o);
+}
+
+// S (64 rows x 64 keys) = Q K^T over all of Dqk on wgmma, into d (zeroed first): the DQK/64 column blocks m x 4
+// k16 steps kk, both operands K-major 128-byte swizzle, step (m, kk) at +m*BLK + 32*kk bytes from the
+// descriptors dq / dk; committed and retired. d[4nt + e] = row rowA (e < 2) / rowB, key 8nt + 2cq + (e & 1).
+__device__ __forceinline__ void s_wgmma(float (&d)[4 * PIPE_NT], uint64_t dq, uint64_t dk) {
+#pragma unroll
+    for (int e = 0; e < 4 * PIPE_NT; ++e) d[e] = 0.f;
+    reg_fence_all(d);
+    wgmma_fence();
+#pragma unroll
+    for (int m = 0; m < DQK / 64; ++m)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            const uint64_t off = static_cast<uint64_t>((m * BLK + 32 * kk) >> 4);
+            wgmma_m64n64k16(d, dq + off, dk + off);
+        }
+    wgmma_commit();
+    reg_fence_all(d);
+    wgmma_retire(d);
+}
+
+// The whole sm_90a CTA: the exit of a CTA without work, mbarrier init, prologue (Q + tile kb by all threads,
+// tile kb+1 by WG1, left in flight), the two warpgroups' loops, then O / l stored by both. One function, like
+// attend_mma: splitting it (the idle exit, the warpgroups' loops, the O store) changed the SASS. tid_in:
+// threadIdx.x as the kernel read it, taken by reference for the same reason (plans/kernels/verify-attn.md,
+// "SASS identity").
+__device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* smem, const int& tid_in) {
+    const int tid = tid_in;
+    const int warp = tid >> 5;
+    const int lane = tid & 31;
+    const CtaWork w = cta_work(p);
+    VA_RETURN_IF_NO_WORK(p, w, tid)
+
+    // the fields as locals (the kernel's own variables before the reshape; reading w.kb etc. at each use
+    // compiled differently)
+    const int g = w.g, split = w.split, R = w.R, r0 = w.r0, Rpad = w.Rpad, active = w.active, plen = w.plen,
+              n_pref = w.n_pref, kb = w.kb, ke = w.ke;
+    const int G = p.G, N = p.N, H = p.H, W = p.W, out_bf16 = p.out_bf16;
+    const float scale_log2e = p.scale_log2e;
+    void* __restrict__ out = p.out;
+    float* __restrict__ part_o = p.part_o;
+    const uint32_t* __restrict__ mask = p.mask;
+    const uint16_t* __restrict__ kv_cache = p.kv_cache;
+    const uint16_t* __restrict__ kv_tree = p.kv_tree;
+    const uint32_t sQ = smem_addr(smem);
+    const uint32_t sKV = sQ + OFF_KV;
+    float* alpha_s = reinterpret_cast<float*>(smem + OFF_ALPHA);
+    float* invl_s = reinterpret_cast<float*>(smem + OFF_INVL);
+    const int* bt_row = p.block_table + static_cast<size_t>(g) * p.max_pages;
+
+    const int gq = lane >> 2, cq = lane & 3;
+    const int wg = warp >> 2;                     // 0: S + softmax + P V cols 0..255; 1: loads + P V 256..511
+    const int rowA = 16 * (warp & 3) + gq;        // D-fragment rows of this thread (S and P V alike)
+    const int rowB = rowA + 8;
+    const int grA = r0 + rowA, grB = r0 + rowB;
+    const bool split_mode = p.num_splits > 1;
+    // mbarrier i at sBar + 8 i (MB_*); initialised here, published by the prologue's __syncthreads
+    const uint32_t sBar = sQ + OFF_BAR;
+    const uint32_t mb_pready = sBar + 8 * MB_PREADY, mb_full = sBar + 8 * MB_FULL, mb_sdone = sBar + 8 * MB_SDONE;
+    if (tid == 0) {
+#pragma unroll
+        for (int i = 0; i < PIPE_MBARS; ++i)
+            mbar_init(sBar + 8 * i, (i >= MB_EMPTY && i < MB_SDONE) ? MB_EMPTY_ARRIVALS : MB_HANDOFF_ARRIVALS);
+    }
+
+    // ---- prologue: Q + tile kb (all threads), tile kb+1 (WG1, its own cp.async group, left in flight)
+    load_q_tile(sQ, p, w, tid);
+    load_kv_tile(sKV, kb, kb < n_pref ? __ldg(bt_row + (kb * KV_T) / PAGE) : 0, n_pref, plen, N, g, kv_cache,
+                 kv_tree);
+    cp_async_commit();
+    if (wg == 1 && kb + 1 < ke) {
+        load_kv_tile_wg1(sKV + KV_TILE_BYTES, kb + 1, kb + 1 < n_pref ? __ldg(bt_row + ((kb + 1) * KV_T) / PAGE) : 0,
+                         n_pref, plen, N, g, kv_cache, kv_tree);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    fence_proxy_async();  // this thread's cp.async writes (Q, tile kb) -> visible to wgmma (async proxy)
+    __syncthreads();      // Q and tile kb in smem for everyone; the mbarriers are initialised
+
+    float o[O_NT][4];     // m64n256 D fragment: o[j][e] = row rowA (e < 2) / rowB, column 256 wg + 8j + 2cq + (e&1)
+#pragma unroll
+    for (int j = 0; j < O_NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
+    // P V of tile k for this warpgroup's 256 value columns (pv_wgmma below): A = P_k (column block P_BLK of the
+    // tile), B = V = column blocks 4wg..4wg+3 of the tile; retired by the same warpgroup (wgmma_retire).
+
+    if (wg == 0) {
+        // ---- WG0: S = Q K^T (m64n64, all keys, all of Dqk), online softmax, P, its half of P V
+        const bool actA = grA < active, actB = grB < active;
+        float mB = NEG_INF, mA = NEG_INF;  // running max (scaled, log2 units); this order: ptxas's registers follow it
+        float lA = 0.f, lB = 0.f;          // partial row sums over this thread's columns
+        const uint64_t dq = wgmma_desc_sw128(sQ);
+        for (int k = kb; k < ke; ++k) {
+            const int it = k - kb;
+            const uint32_t tile = sKV + static_cast<uint32_t>((it & 1) * KV_TILE_BYTES);
+            // tile k landed (WG1 waited + fenced its cp.async): FULL phase it-1 (WG1 arrives in each of its
+            // iterations with k + 1 < ke, i.e. 0..n-2 of the split's n tiles: phase j in iteration j)
+            if (it > 0) mbar_wait(mb_full, (it - 1) & 1);
+
+            // tree tile: mask bits of keys j0..j0+63 for rows rowA / rowB (issued before S: latency hidden)
+            const bool tree = k >= n_pref;
+            const int j0 = (k - n_pref) * KV_T;
+            uint64_t wA = 0u, wB = 0u;
+            if (tree && j0 < N) {
+                const uint32_t* mrow = mask + static_cast<size_t>(g) * N * W + (j0 >> 5);
+                const bool two = (j0 >> 5) + 1 < W;  // keys j0+32.. exist (W = ceil(N / 32))
+                if (actA) {
+                    const uint32_t* m = mrow + (grA / H) * W;
+                    wA = __ldg(m) | (two ? static_cast<uint64_t>(__ldg(m + 1)) << 32 : 0u);
+                }
+                if (actB) {
+                    const uint32_t* m = mrow + (grB / H) * W;
+                    wB = __ldg(m) | (two ? static_cast<uint64_t>(__ldg(m + 1)) << 32 : 0u);
+                }
+            }
+
+            // S (64 rows x 64 keys): 36 wgmma.m64n64k16 over the 9 column blocks x 4 k16 steps; Q and K both
+            // K-major 128-byte swizzle. d[4nt + e] = row rowA (e < 2) / rowB, key 8nt + 2cq + (e & 1).
+            float d[4 * PIPE_NT];
+            s_wgmma(d, dq, wgmma_desc_sw128(tile));
+            // P_k overwrites the rope block of tile k, which every warp's share of the S wgmma reads (all 64
+            // key rows): all four warps must be past their wait first.
+            mbar_arrive(mb_sdone);
+            mbar_wait(mb_sdone, it & 1);
+
+            // scale, mask, row max: a thread holds 16 keys of each of its two rows, a quad holds the whole
+            // row (no cross-warp exchange); valid keys c < lim (+ mask bit on tree)
+            float mxA, mxB;
+            scale_mask_rowmax<PIPE_NT>(d, cq, tree ? N - j0 : plen - k * KV_T, tree, wA, wB, scale_log2e, mxA,
+                                       mxB);
+            float muA, muB;
+            const float alA = move_max(mA, mxA, muA), alB = move_max(mB, mxB, muB);
+
+            // P = exp2(s - m) -> bf16 into the rope block of tile k (64 rows x 128 B, chunk c of row r at
+            // c ^ (r & 7): the K-major 128-byte swizzle atom layout the P V wgmma reads); row sums in fp32
+            float sumA, sumB;
+            write_p<PIPE_NT, TROW>(d, muA, muB, tile + static_cast<uint32_t>(P_BLK * BLK + rowA * TROW + 4 * cq), 0,
+                                   rowA & 7, sumA, sumB);
+            lA = lA * alA + sumA;
+            lB = lB * alB + sumB;
+            if (cq == 0) {  // WG1 rescales its O columns with the same alpha (read after PREADY)
+                alpha_s[rowA] = alA;
+                alpha_s[rowB] = alB;
+            }
+            fence_proxy_async();  // this thread's P stores (generic proxy) -> visible to P V wgmma (async)
+            mbar_arrive(mb_pready);  // release: P_k and alpha_k (PREADY phase it)
+
+            rescale_rows(o, alA, alB);  // this warpgroup's previous P V has retired (wgmma_retire below)
+            pv_wgmma(o, tile + static_cast<uint32_t>(P_BLK * BLK),
+                     tile + static_cast<uint32_t>(wg * (PV_WG_N / 64) * BLK));
+            wgmma_retire(o);
+            // WG1 refills this buffer with tile k+2 once both warpgroups' P V of tile k retired (release:
+            // also orders this thread's P_k stores before the cp.async overwrite of the rope block)
+            if (k + 2 < ke) mbar_arrive(sBar + 8 * (MB_EMPTY + (it & 1)));
+        }
+        // row sums -> 1 / l and lse (WG0 alone holds the running max and every tile's row sums)
+        lA = quad_sum(lA);
+        lB = quad_sum(lB);
+        if (cq == 0) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = half ? rowB : rowA;
+                const bool act = half ? actB : actA;
+                const float m = half ? mB : mA;
+                const float L = half ? lB : lA;
+                finish_row(p, w, split_mode, invl_s, row, act, m, L);
+            }
+        }
+    } else {
+        // ---- WG1: key tile loads (tile k+2 into tile k's buffer), its half of P V
+        int page2 = kb + 2 < n_pref ? __ldg(bt_row + ((kb + 2) * KV_T) / PAGE) : 0;
+        for (int k = kb; k < ke; ++k) {
+            const int it = k - kb;
+            const uint32_t tile = sKV + static_cast<uint32_t>((it & 1) * KV_TILE_BYTES);
+            mbar_wait(mb_pready, it & 1);  // P_k, alpha_k in smem (WG0 fenced its P stores)
+            // read alpha before the FULL arrive below: WG0 writes alpha_{k+1} only after its FULL wait
+            rescale_rows(o, alpha_s[rowA], alpha_s[rowB]);
+            pv_wgmma(o, tile + static_cast<uint32_t>(P_BLK * BLK),
+                     tile + static_cast<uint32_t>(wg * (PV_WG_N / 64) * BLK));
+            if (k + 1 < ke) {
+                // tile k+1 (the only cp.async group in flight) -> visible to WG0's S wgmma; waited while
+                // this warpgroup's P V runs
+                cp_async_wait<0>();
+                fence_proxy_async();
+                mbar_arrive(mb_full);  // release: tile k+1, and this thread's alpha_k read (FULL phase it)
+            }
+            wgmma_retire(o);
+            if (k + 2 < ke) {
+                // every P V read of tile k retired (this thread's just now, the other WG1 warps' and WG0's
+                // when EMPTY[it & 1] completes); it completes once per use of the buffer, i.e. for the
+                // (it >> 1)-th time at tile it
+                const uint32_t mb_empty = sBar + 8 * (MB_EMPTY + (it & 1));
+                mbar_arrive(mb_empty);
+                mbar_wait(mb_empty, (it >> 1) & 1);
+                load_kv_tile_wg1(tile, k + 2, page2, n_pref, plen, N, g, kv_cache, kv_tree);
+                cp_async_commit();
+                page2 = k + 3 < n_pref ? __ldg(bt_row + ((k + 3) * KV_T) / PAGE) : 0;
+            }
+        }
+    }
+    __syncthreads();  // invl_s (WG0) -> both warpgroups
+
+    // ---- store O / l: this thread's rows rowA / rowB, columns 256 wg + 8j + 2cq (+1)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = half ? rowB : rowA;
+        const int gr = r0 + row;
+        if (gr >= R) continue;
+        const float inv = invl_s[row];
+        const size_t obase = split_mode ? ((static_cast<size_t>(split) * G + g) * Rpad + gr) * DV
+                                        : (static_cast<size_t>(g) * R + gr) * DV;
+#pragma unroll
+        for (int j = 0; j < O_NT; ++j) {
+            const int col = PV_WG_N * wg + 8 * j + 2 * cq;
+            // inv == 0 (row past n_nodes / no key): +0, never -0 (the contract's zero rows)
+            const float v0 = inv != 0.f ? o[j][2 * half] * inv : 0.f;
+            const float v1 = inv != 0.f ? o[j][2 * half + 1] * inv : 0.f;
+            if (split_mode) {
+                *reinterpret_cast<float2*>(part_o + obase + col) = make_float2(v0, v1);
+            } else if (out_bf16) {
+                *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(out) + obase + col) = pack_bf16(v0, v1);
+            } else {
+                *reinterpret_cast<float2*>(static_cast<float*>(out) + obase + col) = make_float2(v0, v1);
+            }
+        }
+    }
+}
+
+}  // namespace va
+#endif

@@ -1,0 +1,131 @@
+// kernels/verify_attn/softmax.cuh -- the online softmax that both mainloops of kdt_verify_attn_fwd share, on score
+// fragments in the mma / wgmma D layout (lane = 4 gq + cq; a quad holds rows rowA = gq and rowB = gq + 8): scale,
+// mask and row max, the running-max move, P = exp2(s - mu) into smem with its row sums, O *= alpha (wgmma
+// fragment), and the end of a row (1 / l, lse). Scores are in log2 units (scaled by softmax_scale * log2 e), so
+// every exponential is one ex2. See plans/kernels/verify-attn.md, "Online softmax".
+#pragma once
+
+#include <stdint.h>
+
+#include "common/ptx.cuh"
+#include "verify_attn/config.cuh"
+#include "verify_attn/params.cuh"
+
+namespace va {
+
+using kdt::ex2;
+using kdt::pack_bf16;
+using kdt::sts32;
+
+// Entry (nt, e) of a score fragment, flat (wgmma: d[4 nt + e]) or per n8 tile (s[nt][e]); e < 2: row rowA,
+// else rowB; column 8 nt + 2 cq + (e & 1).
+template <int N>
+__device__ __forceinline__ float& frag_at(float (&f)[N], int nt, int e) { return f[4 * nt + e]; }
+template <int N>
+__device__ __forceinline__ float& frag_at(float (&f)[N][4], int nt, int e) { return f[nt][e]; }
+
+// Scale, mask, row max of NTILES n8 tiles of scores of rows rowA / rowB (this thread: columns 8 nt + 2 cq + {0, 1}):
+// s *= scale_log2e, or -inf at columns >= lim and, on a tree tile, where bit c of the row's mask word wA / wB
+// is clear; mxA / mxB get the quad's row maxima (a quad holds the fragment's whole row).
+template <int NTILES, typename Frag, typename Word>
+__device__ __forceinline__ void scale_mask_rowmax(Frag& f, int cq, int lim, bool tree, Word wA, Word wB,
+                                                  float scale_log2e, float& mxA, float& mxB) {
+    mxA = NEG_INF;
+    mxB = NEG_INF;
+#pragma unroll
+    for (int nt = 0; nt < NTILES; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int c = 8 * nt + 2 * cq + e;
+            bool okA = c < lim, okB = c < lim;
+            if (tree) {
+                okA = okA && ((wA >> c) & 1u);
+                okB = okB && ((wB >> c) & 1u);
+            }
+            float& a = frag_at(f, nt, e);
+            float& b = frag_at(f, nt, 2 + e);
+            a = okA ? a * scale_log2e : NEG_INF;
+            b = okB ? b * scale_log2e : NEG_INF;
+            mxA = fmaxf(mxA, a);
+            mxB = fmaxf(mxB, b);
+        }
+    }
+    mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 1));
+    mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 2));
+    mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 1));
+    mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
+}
+
+// Online softmax, one row: the running max m (log2 units) moves to max(m, mx), the tile's row max; returns alpha =
+// exp2(old m - new m), the factor for the row's earlier sums, and sets mu, the base of the tile's exp2(s - mu)
+// (0 while the row has no admissible key: p = 0, alpha = 0).
+__device__ __forceinline__ float move_max(float& m, float mx, float& mu) {
+    const float mn = fmaxf(m, mx);
+    mu = mn == NEG_INF ? 0.f : mn;
+    const float alpha = ex2(m - mu);
+    m = mn;
+    return alpha;
+}
+
+// P = exp2(s - mu) of NTILES n8 tiles -> bf16 in a P tile whose rows are PROW bytes apart and whose 16-byte
+// chunk c of row r sits at c ^ pz (pz: the swizzle of rowA; rowB = rowA + 8 has the same): `pst` addresses this
+// thread's word of row rowA in chunk 0, the tiles are chunks c0 + nt. sumA / sumB = this thread's part of the
+// tile's row sums (the caller folds them into l = l * alpha + sum, as the kernel always did).
+template <int NTILES, int PROW, typename Frag>
+__device__ __forceinline__ void write_p(Frag& s, float muA, float muB, uint32_t pst, int c0, int pz, float& sumA,
+                                        float& sumB) {
+    float sA = 0.f, sB = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NTILES; ++nt) {
+        const float p0 = ex2(frag_at(s, nt, 0) - muA), p1 = ex2(frag_at(s, nt, 1) - muA);
+        const float p2 = ex2(frag_at(s, nt, 2) - muB), p3 = ex2(frag_at(s, nt, 3) - muB);
+        sA += p0 + p1;
+        sB += p2 + p3;
+        const uint32_t pa = pst + static_cast<uint32_t>(((c0 + nt) ^ pz) << 4);
+        sts32(pa, pack_bf16(p0, p1));
+        sts32(pa + 8 * PROW, pack_bf16(p2, p3));
+    }
+    sumA = sA;
+    sumB = sB;
+}
+
+// sm_90a: O *= alpha per row (rowA: o[j][0..1], rowB: o[j][2..3] of the m64n256 fragment) after a running-max
+// move; the max rarely moves after the first tiles, so the 128 multiplies are skipped when alpha == 1 for the
+// whole warp. (The mma.sync path reads alpha from smem per m-tile instead: its warps hold all 64 rows.)
+__device__ __forceinline__ void rescale_rows(float (&o)[O_NT][4], float alA, float alB) {
+    if (__any_sync(0xffffffffu, (alA != 1.f) | (alB != 1.f))) {
+#pragma unroll
+        for (int j = 0; j < O_NT; ++j) {
+            o[j][0] *= alA;
+            o[j][1] *= alA;
+            o[j][2] *= alB;
+            o[j][3] *= alB;
+        }
+    }
+}
+
+// Sum over the quad (lanes 4 gq .. 4 gq + 3) that holds a fragment row: the row's sum over this warp's columns.
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    return x;
+}
+
+// The end of CTA row `row`'s softmax: invl_s[row] = 1 / L (0 for a row past n_nodes, act == false, or with no
+// admissible key, whose output is then +0) and its natural-log lse (m in log2 units; -inf for such a row) to
+// part_lse (split_mode: this CTA's split) or lse, for rows r0 + row < R.
+__device__ __forceinline__ void finish_row(const FwdParams& p, const CtaWork& w, bool split_mode, float* invl_s,
+                                           int row, bool act, float m, float L) {
+    const int gr = w.r0 + row;
+    const bool ok = act && L > 0.f;
+    invl_s[row] = ok ? 1.f / L : 0.f;
+    const float lse_v = ok ? (m + log2f(L)) * LN2 : NEG_INF;
+    if (gr < w.R) {
+        if (split_mode)
+            p.part_lse[(static_cast<size_t>(w.split) * p.G + w.g) * w.Rpad + gr] = lse_v;
+        else
+            p.lse[static_cast<size_t>(w.g) * w.R + gr] = lse_v;
+    }
+}
+
+}  // namespace va

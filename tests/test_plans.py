@@ -1,0 +1,190 @@
+"""Launch plans without a GPU: made from the constants the real cubins export (nvcc builds them), for every bench
+shape and golden case on both arches, each path's choice, and the knobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdt import build, golden, ops, stages
+from kdt.dtypes import name as dtype_name
+from kdt.launch import topk as topk_launcher
+from kdt.launch.plan import ArraySpec, Target, make_knobs, parse_knob_options
+from refs.errors import BadInput
+
+ARCHES = {"sm_90": (132, 227 * 1024, 16), "sm_120": (188, 99 * 1024, 8)}   # SMs, smem per block, largest cluster
+
+
+@pytest.fixture(scope="module")
+def targets():
+    """(stage, arch) -> Target with the cubin's constants; the cubins come from the build cache (or nvcc)."""
+    cache = {}
+
+    def get(stage: str, arch: str, multiprocessors: int | None = None) -> Target:
+        if (stage, arch) not in cache:
+            cache[(stage, arch)] = build.build(stage, arch)
+        result = cache[(stage, arch)]
+        return Target.make(arch, multiprocessors or ARCHES[arch][0], result.constants)
+
+    get.result = lambda stage, arch: cache[(stage, arch)]
+    return get
+
+
+def _items(spec):
+    for shape in spec.bench_shapes(False):
+        yield shape.name, {n: ArraySpec(tuple(s), d) for n, (s, d) in shape.layout.items()}, dict(shape.params)
+    for item in golden.read(golden.default_path("golden", spec.name), spec).cases:
+        case = item.case
+        yield case.name, {n: ArraySpec(tuple(a.shape), dtype_name(a.dtype)) for n, a in case.inputs.items()}, \
+            dict(case.params)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("kernel", stages.names())
+def test_every_bench_shape_and_golden_case_has_a_plan_within_the_arch(kernel, arch, targets):
+    spec = stages.get(kernel)
+    target = targets(kernel, arch)
+    functions = {r.function: r for r in targets.result(kernel, arch).resources}
+    _, smem_limit, cluster_limit = ARCHES[arch]
+    for name, inputs, params in _items(spec):
+        plan = ops.plan_for(spec, inputs, params, target)
+        assert plan.workspace_bytes >= 0, name
+        for launch in plan.launches:
+            assert launch.function in functions, f"{name}: {launch.function} is not in the {arch} cubin"
+            assert all(0 < n < 2**31 for n in launch.grid) and launch.grid[1] < 65536 and launch.grid[2] < 65536
+            assert 0 < launch.block <= 1024
+            assert launch.dynamic_smem + functions[launch.function].shared_bytes <= smem_limit, (name, launch)
+            assert launch.cluster <= cluster_limit and launch.grid[0] % launch.cluster == 0, (name, launch)
+
+
+def _topk(target, rows, vocab, V, dtype="float32", alignment=256, **knobs):
+    return ops.plan_for("topk", {"logits": ArraySpec((1, rows, vocab), dtype, alignment)}, {"k": V}, target,
+                        knobs)
+
+
+@pytest.mark.nvcc
+def test_topk_paths_by_rows_and_fan_out(targets):
+    h200 = targets("topk", "sm_90")
+    few = _topk(h200, 15, 163840, 8, "bfloat16")
+    assert few.path == "resident-narrow" and few.workspace_bytes == 0
+    assert _topk(h200, 7, 163840, 8).path == "resident-wide"
+    assert _topk(h200, 15, 163840, 8, resident=False).path == "cluster"
+    assert _topk(h200, 15, 163840, 8, resident=False).launches[0].cluster == 16
+    assert _topk(h200, 64 * 15, 163840, 8).path == "small"
+    middle = _topk(h200, 8 * 15, 163840, 8)
+    assert middle.path == "small" and 1 < middle.fact("splits") < 8 and middle.workspace_bytes > 0
+    assert _topk(h200, 15, 163840, 64).path == "radix"
+    assert _topk(h200, 15, 163840, 8, min_chunk=1 << 18).fact("splits") == 1
+    assert _topk(h200, 15, 163840, 32, cluster_min_splits=1 << 30).path == "small"
+    sm120 = targets("topk", "sm_120")
+    assert _topk(sm120, 15, 163840, 8, resident=False).launches[0].cluster == 8
+
+
+@pytest.mark.nvcc
+def test_topk_resident_variant_applies_to_aligned_rows_that_fit(targets):
+    h200 = targets("topk", "sm_90")
+
+    def fits(rows, vocab, V, dtype="float32", alignment=256, target=h200):
+        plan = _topk(target, rows, vocab, V, dtype, alignment, cluster_min_splits=1)
+        if not plan.path.startswith("resident"):
+            return None
+        (launch,) = plan.launches
+        return plan.path.removeprefix("resident-"), launch.cluster, launch.dynamic_smem
+
+    few, more = 7, 8
+    assert fits(few, 163840, 8) == ("wide", 16, 40960)                 # 10 vectors per thread
+    assert fits(few, 163840, 8, "bfloat16") == ("wide", 16, 20480)     # 5
+    assert fits(more, 163840, 8) == ("narrow", 8, 81920)               # 20: the narrow shape's most
+    assert fits(more, 163840, 8, "bfloat16") == ("narrow", 8, 40960)
+    assert fits(few, 65536, 8, "bfloat16") == ("wide", 16, 8192)       # the survivors' minimum
+    assert fits(few, 262144, 8) == ("wide", 16, 65536)                 # 16: the wide shape's most
+    assert fits(more, 262144, 8) == ("wide", 16, 65536)                # 32 narrow: only the wide shape fits
+    assert fits(more, 262144, 8, "bfloat16") == ("narrow", 8, 65536)
+    assert fits(few, 163840, 9) is None                                # V above the resident maximum
+    assert fits(few, 163842, 8) is None                                # rows not 16-byte aligned
+    assert fits(few, 163840, 8, "bfloat16", alignment=8) is None       # base not 16-byte aligned
+    # sm_120: both shapes are 8-block clusters; vocab 262144 f32 fits neither (the plain cluster path runs)
+    sm120 = targets("topk", "sm_120")
+    assert fits(few, 163840, 8, target=sm120) == ("narrow", 8, 81920)
+    assert fits(few, 262144, 8, target=sm120) is None
+
+
+@pytest.mark.nvcc
+def test_tree_build_select_path_by_budget_and_knob(targets):
+    target = targets("tree-build", "sm_90")
+
+    def function(budget, V=8, **knobs):
+        inputs = {name: ArraySpec((4, 15, V), dtype) for name, dtype in (("top_logp", "float32"), ("top_ids", "int32"))}
+        return ops.plan_for("tree-build", inputs, {"budget": budget}, target, knobs).launches[0].function
+
+    assert function(16) == "kdt_tree_build_p1"
+    assert function(255) == "kdt_tree_build_p8_select"
+    assert function(255, select_min_budget=1024) == "kdt_tree_build_p8"
+    assert function(16, select_min_budget=1) == "kdt_tree_build_p1_select"
+    assert function(255, V=255) == "kdt_tree_build_p8"          # fan-out above the select path's 32
+    big = {name: ArraySpec((1, 64, 1024), dtype) for name, dtype in (("top_logp", "float32"), ("top_ids", "int32"))}
+    assert ops.plan_for("tree-build", big, {"budget": 1023}, target).launches[0].function == "kdt_tree_build_p32_g"
+
+
+@pytest.mark.nvcc
+def test_verify_attn_splits_fill_the_gpu_from_shapes_alone(targets):
+    def plan(groups, heads, slots, prefix, sms=132, **knobs):
+        pages = prefix // 64
+        inputs = {"q": ArraySpec((groups, slots, heads, 576), "bfloat16"),
+                  "kv_cache": ArraySpec((groups * pages, 64, 576), "bfloat16"),
+                  "block_table": ArraySpec((groups, pages), "int32"), "prefix_len": ArraySpec((groups,), "int32"),
+                  "kv_tree": ArraySpec((groups, slots, 576), "bfloat16"),
+                  "mask": ArraySpec((groups, slots, (slots + 31) // 32), "uint32"),
+                  "n_nodes": ArraySpec((groups,), "int32")}
+        params = {"softmax_scale": 0.04, "d_v": 512}
+        return ops.plan_for("verify-attn", inputs, params, targets("verify-attn", "sm_90", sms), knobs)
+
+    assert plan(1, 64, 256, 32768).fact("splits") == 1 and len(plan(1, 64, 256, 32768).launches) == 1
+    small = plan(8, 8, 8, 131072)
+    assert small.fact("splits") == 16 and [k.function for k in small.launches][-1] == "kdt_verify_attn_combine"
+    assert small.workspace_bytes == 16 * 8 * 1 * 64 * 513 * 4
+    assert plan(1, 8, 8, 1024).fact("splits") == 4                 # capped by 4 pages per split
+    assert plan(1, 8, 8, 1024, min_pages_per_split=1).fact("splits") == 16
+    assert plan(8, 8, 8, 131072, sms=70).fact("splits") == 8       # an RTX 5070 Ti's 70 SMs
+    assert plan(8, 8, 8, 131072, splits=1).workspace_bytes == 0
+
+
+@pytest.mark.nvcc
+def test_tree_accept_splits_the_vocabulary_for_small_batches(targets):
+    target = targets("tree-accept", "sm_90")
+
+    def plan(groups, slots, vocab, **knobs):
+        inputs = {name: ArraySpec((groups, slots), "int32") for name in ("token", "first_child", "next_sibling")}
+        inputs.update(n_nodes=ArraySpec((groups,), "int32"),
+                      target_logits=ArraySpec((groups, slots, vocab), "bfloat16"))
+        return ops.plan_for("tree-accept", inputs, {"max_depth": 15}, target, knobs)
+
+    assert plan(64, 64, 163840).fact("vocab splits") == 1
+    assert plan(1, 16, 163840).fact("vocab splits") > 1
+    assert plan(1, 16, 163840, splits=3).fact("vocab splits") == 3
+    assert plan(64, 64, 163840).workspace_bytes == 64 * 64 * 8 + 64 * 4
+
+
+def test_knobs_parse_convert_and_name_the_bad_ones():
+    assert make_knobs(topk_launcher.Knobs, None) == topk_launcher.Knobs()
+    assert make_knobs(topk_launcher.Knobs, {"min_chunk": "4096", "resident": "off"}) == \
+        topk_launcher.Knobs(min_chunk=4096, resident=False)
+    from kdt.launch import tree_build
+
+    assert make_knobs(tree_build.Knobs, {"select_min_budget": "auto"}).select_min_budget is None
+    assert make_knobs(tree_build.Knobs, {"select_min_budget": 7}).select_min_budget == 7
+    with pytest.raises(BadInput, match="min_chunk"):
+        make_knobs(topk_launcher.Knobs, {"nope": 1})
+    with pytest.raises(BadInput) as error:
+        make_knobs(topk_launcher.Knobs, {"min_chunk": "many"})
+    assert "min_chunk" in error.value.argument
+    assert parse_knob_options(["a=1", "b = x"]) == {"a": "1", "b": "x"}
+    with pytest.raises(BadInput, match="NAME=VALUE"):
+        parse_knob_options(["a"])
+
+
+def test_plans_are_checked_against_the_contract_first():
+    target = Target.make("sm_90", 132, {})
+    with pytest.raises(BadInput) as error:
+        ops.plan_for("topk", {"logits": ArraySpec((1, 2, 100), "float32")}, {"k": 101}, target)
+    assert error.value.argument == "k"
