@@ -76,6 +76,8 @@ class ShapeResult:
     notes: list[str] = field(default_factory=list)
     knobs: dict = field(default_factory=dict)   # the launch knobs set for this run (a sweep's point)
     path: str = ""                              # the launch plan's path
+    arch: str = ""                              # the cubins that ran (sm_90a, sm_120-emu, ...)
+    multiprocessors: int = 0                    # the SM count the plan was made for
 
 
 def _summary(samples_us: list[float]) -> Timing:
@@ -167,7 +169,8 @@ def _bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool, baselin
     tflops = shape.flops / headline / 1e6 if shape.flops else 0.0
     result = ShapeResult(spec.name, shape.name, params, shape.bytes_moved, shape.flops, shape.size or shape.bytes_moved,
                          shape.size_label if shape.size else "bytes moved (model)", eager, graphed, headline, gbps, 100 * gbps / peaks.copy_gbps, tflops,
-                         100 * tflops / peaks.matmul_tflops if shape.flops else 0.0, knobs=knobs, path=path)
+                         100 * tflops / peaks.matmul_tflops if shape.flops else 0.0, knobs=knobs, path=path,
+                         arch=runtime.device_arch(), multiprocessors=runtime.multiprocessors())
     if baselines and shape.cpu_baseline:
         host = {k: verify.download(v) for k, v in first.items()}
         spec.reference(host, params)  # warm: first call pays imports
@@ -197,11 +200,15 @@ def results_json(results: list[ShapeResult], peaks) -> str:
 
 def regressions(results: list[ShapeResult], baseline: dict, max_regression_pct: float) -> list[tuple[str, str, float, float]]:
     """(kernel, shape, baseline us, now us) for every shape slower than the baseline by more than PCT."""
-    before = {(r["kernel"], r["shape"], _knob_key(r.get("knobs", {}))): r["headline_us"]
-              for r in baseline.get("results", [])}
+    before = {}
+    for r in baseline.get("results", []):   # by arch where the baseline says which (older files do not)
+        key = (r["kernel"], r["shape"], _knob_key(r.get("knobs", {})))
+        before[(*key, r.get("arch"))] = r["headline_us"]
+        before.setdefault((*key, None), r["headline_us"])
     slower = []
     for r in results:
-        old = before.get((r.kernel, r.shape, _knob_key(r.knobs)))
+        key = (r.kernel, r.shape, _knob_key(r.knobs))
+        old = before.get((*key, r.arch), before.get((*key, None)))
         if old is not None and r.headline_us > old * (1 + max_regression_pct / 100):
             slower.append((r.kernel, r.shape, old, r.headline_us))
     return slower

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kdt import toolkit
+from kdt import arches, toolkit
 from kdt.spec import StageSpec
 
 # KDT_KERNELS_DIR points kdt at another tree of kernel sources (a fork under test, a broken one in tests).
@@ -177,7 +177,7 @@ def build(kernel: str | StageSpec, arch: str, nvcc: toolkit.Nvcc | None = None, 
     directory.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{cubin.name}.", dir=directory)
     os.close(handle)
-    command = [str(nvcc.path), *NVCC_FLAGS, toolkit.arch_flag(arch), "-I", str(KERNELS_DIR), str(source),
+    command = [str(nvcc.path), *NVCC_FLAGS, *arches.get(arch).nvcc_flags(), "-I", str(KERNELS_DIR), str(source),
                "-o", temporary]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 from dataclasses import asdict, dataclass
 
-from kdt import toolkit
+from kdt import arches, toolkit
 
 REQUIRED_PACKAGES = ("numpy", "h5py", "ml_dtypes", "typer", "rich")
 OPTIONAL_PACKAGES = {"cuda-pathfinder": "finds nvcc in pip-installed CUDA toolkits",
@@ -29,7 +29,7 @@ def _package_version(name: str) -> str | None:
         return None
 
 
-def run_checks(arch: str = toolkit.DEFAULT_ARCH, require_gpu: bool = False) -> list[Check]:
+def run_checks(arch: str = arches.DEFAULT, require_gpu: bool = False) -> list[Check]:
     checks = []
     for name in REQUIRED_PACKAGES:
         version = _package_version(name)
@@ -68,15 +68,30 @@ def run_checks(arch: str = toolkit.DEFAULT_ARCH, require_gpu: bool = False) -> l
             for gpu in report.gpus:
                 checks.append(Check(f"gpu {gpu.index}", True, require_gpu,
                                     f"{gpu.name}, {gpu.arch}, {gpu.memory_gib:.0f} GiB, {gpu.multiprocessors} SMs"))
-            matches = any(gpu.arch == arch.removesuffix("a") for gpu in report.gpus)
+            target = arches.get(arch)
+            matches = any(gpu.arch in target.runs_on for gpu in report.gpus)
             checks.append(Check(f"gpu arch {arch}", matches, require_gpu,
-                                "a GPU of the target arch is present" if matches
+                                ("a GPU that runs " + (f"the {target.emulates} configuration (emulated)"
+                                                       if target.emulates else "its cubins")) if matches
                                 else f"GPUs are {', '.join(sorted({g.arch for g in report.gpus}))}",
-                                "" if matches else f"pass --arch {report.gpus[0].arch} to target this GPU"))
+                                "" if matches else _arch_fix(arch, report.gpus[0].arch)))
     else:
         checks.append(Check("gpu", False, require_gpu, "not looked for: kdt finds GPUs through CuPy",
                             "install CuPy first"))
     return checks
+
+
+def _arch_fix(arch: str, gpu: str) -> str:
+    """What to do on a GPU of another arch than --arch: emulate it where an emulation target exists, else target
+    the GPU present."""
+    emulation = [name for name in arches.emulations_for(gpu) if arches.get(name).emulates == arch.removesuffix("a")]
+    native = arches.NATIVE.get(gpu, gpu)
+    if emulation:
+        sms = arches.get(emulation[0]).multiprocessors
+        return (f"this {gpu} GPU cannot run {arch} cubins, but it runs the {arch} configuration: pass --arch "
+                f"{emulation[0]} to kdt verify / bench / fuzz / sanitize / pipeline (with --sms 70 for an RTX 5070 "
+                f"Ti, {sms} for an RTX PRO 6000), or --arch {native} to target this GPU")
+    return f"pass --arch {native} to target this GPU"
 
 
 def passed(checks: list[Check]) -> bool:

@@ -6,12 +6,14 @@ Nothing here is imported until a command needs a GPU, so the CPU-only parts of k
 from __future__ import annotations
 
 import importlib
-import os
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import cache
 
-from kdt import build, toolkit
+from kdt import arches, build
 from kdt.launch.plan import Target
 from kdt.spec import StageSpec
+from refs.errors import BadInput
 
 
 class GpuMissing(Exception):
@@ -34,9 +36,39 @@ def cupy():
     return module
 
 
-# Hopper's own instructions (wgmma) exist only in the arch-specific target; a cubin for sm_90a runs on
-# every 9.0 GPU, so kdt builds that for H100/H200 and kernels guard such code with __CUDA_ARCH_FEAT_SM90_ALL.
-ARCH_SPECIFIC = {"sm_90": "sm_90a"}
+@dataclass(frozen=True)
+class Selection:
+    """What this process runs on the GPU: an arch other than the GPU's own (an emulation target such as
+    sm_120-emu, or sm_90 for Hopper's portable build) and the multiprocessor count plans are made for (an emulated
+    GPU's). None: the GPU's own."""
+
+    arch: str | None = None
+    multiprocessors: int | None = None
+
+
+_selection = Selection()
+
+
+def select(arch: str | None = None, multiprocessors: int | None = None) -> None:
+    """Run the kernels built for `arch` (it must run on this GPU) with plans made for `multiprocessors` SMs, for
+    the rest of the process (the commands' --arch and --sms). BadInput for an unknown arch or a count below 1."""
+    global _selection
+    if arch is not None and arch not in arches.ARCHES:
+        raise BadInput("--arch", "one of " + ", ".join(arches.names()), arch)
+    if multiprocessors is not None and multiprocessors < 1:
+        raise BadInput("--sms", "a multiprocessor count >= 1", multiprocessors)
+    _selection = Selection(arch, multiprocessors)
+
+
+@contextmanager
+def selected(arch: str | None = None, multiprocessors: int | None = None):
+    """`select` for the body of a with-statement (kdt bench times one shape on several arches this way)."""
+    before = _selection
+    select(arch, multiprocessors)
+    try:
+        yield
+    finally:
+        select(before.arch, before.multiprocessors)
 
 
 def gpu_arch() -> str:
@@ -45,14 +77,21 @@ def gpu_arch() -> str:
 
 
 def device_arch() -> str:
-    """The arch kdt builds for the current GPU (KDT_ARCH overrides it, e.g. sm_90 for the portable path); a GPU
-    of an arch kdt does not build for is GpuMissing."""
-    base = gpu_arch()
-    arch = os.environ.get("KDT_ARCH") or ARCH_SPECIFIC.get(base, base)
-    if arch not in toolkit.SUPPORTED_ARCHES:
-        raise GpuMissing(f"this GPU is {arch}; kdt builds its kernels for {', '.join(toolkit.SUPPORTED_ARCHES)} "
-                         "only (--arch builds for another)")
-    return arch
+    """The arch whose cubins this process runs: the selected one, else the one kdt builds for this GPU (sm_90a on
+    Hopper). GpuMissing where that cannot run here, with what can."""
+    gpu = gpu_arch()
+    if _selection.arch is not None:
+        chosen = arches.get(_selection.arch)
+        if gpu not in chosen.runs_on:
+            emulation = [name for name in arches.emulations_for(gpu) if arches.get(name).emulates == chosen.name]
+            hint = f"; --arch {emulation[0]} runs its configuration here" if emulation else ""
+            raise GpuMissing(f"this GPU is {gpu}: {chosen.name} cubins run on {', '.join(chosen.runs_on)} only{hint}")
+        return chosen.name
+    native = arches.NATIVE.get(gpu, gpu)
+    if native not in arches.ARCHES:
+        raise GpuMissing(f"this GPU is {gpu}; kdt builds its kernels for {', '.join(arches.names())} only "
+                         "(--arch builds for another)")
+    return native
 
 
 def default_arches() -> list[str]:
@@ -60,11 +99,14 @@ def default_arches() -> list[str]:
     try:
         cupy()
     except GpuMissing:
-        return [toolkit.DEFAULT_ARCH]
+        return [arches.DEFAULT]
     return [device_arch()]
 
 
 def multiprocessors() -> int:
+    """The multiprocessor count plans are made for: the selected one, else the GPU's."""
+    if _selection.multiprocessors is not None:
+        return _selection.multiprocessors
     return int(cupy().cuda.Device().attributes["MultiProcessorCount"])
 
 
@@ -73,22 +115,29 @@ def _module_for(kernel: str, arch: str, cubin: str):
     return cupy().RawModule(path=cubin)
 
 
-@cache
 def load(kernel: str):
-    """The kernel source's module for the current device (a stage's name, or another source under kernels/),
-    built (or found in the cache) for its arch once per process, so a launch costs no file hashing."""
-    result = build.build(kernel, device_arch())
+    """The kernel source's module for the current device and selection (a stage's name, or another source under
+    kernels/), built (or found in the cache) once per process and arch, so a launch costs no file hashing."""
+    return _load(kernel, device_arch())
+
+
+@cache
+def _load(kernel: str, arch: str):
+    result = build.build(kernel, arch)
     try:
         return _module_for(kernel, result.arch, str(result.cubin))
     except Exception as error:  # a cubin the driver refuses: wrong arch, too new a toolkit
         raise GpuMissing(f"the {kernel} cubin for {result.arch} does not load on this GPU/driver: {error}") from None
 
 
-@cache
 def target(kernel: str) -> Target:
-    """What launch plans for `kernel` on the current device are made for."""
-    result = build.build(kernel, device_arch())
-    return Target.make(result.arch, multiprocessors(), result.constants)
+    """What launch plans for `kernel` on the current device and selection are made for."""
+    return _target(kernel, device_arch(), multiprocessors())
+
+
+@cache
+def _target(kernel: str, arch: str, count: int) -> Target:
+    return Target.make(arch, count, build.build(kernel, arch).constants)
 
 
 def launcher(spec: StageSpec):

@@ -147,7 +147,8 @@ def find_sanitizer() -> Path | None:
 
 
 def command(sanitizer: Path | str, kernel: str, tool: str, report: Path | str, case: str | None = None,
-            python: str = sys.executable, knobs: Sequence[str] = ()) -> list[str]:
+            python: str = sys.executable, knobs: Sequence[str] = (), arch: str | None = None,
+            sms: int | None = None) -> list[str]:
     """The child command line for one kernel under one tool; the verify inside writes its JSON to `report`."""
     if tool not in TOOLS:
         raise ValueError(f"tool: expected one of {', '.join(TOOLS)}, got {tool!r}")
@@ -159,6 +160,10 @@ def command(sanitizer: Path | str, kernel: str, tool: str, report: Path | str, c
         line += ["--case", case]
     for item in knobs:
         line += ["--knob", item]
+    if arch is not None:
+        line += ["--arch", arch]
+    if sms is not None:
+        line += ["--sms", str(sms)]
     return line
 
 
@@ -237,9 +242,10 @@ def run_sanitize(kernels: Sequence[str], tools: Sequence[str] = TOOLS, *, saniti
                  case: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, keep_logs: Path | str | None = None,
                  cwd: Path | None = None, runner: Callable | None = None,
                  on_result: Callable[[ToolResult], None] | None = None,
-                 on_start: Callable[[str, str], None] | None = None, knobs: Sequence[str] = ()) -> list[ToolResult]:
-    """Every kernel under every tool, in that order (`knobs`: --knob NAME=VALUE items for the verify inside). No
-    compute-sanitizer: ToolkitMissing (exit 2)."""
+                 on_start: Callable[[str, str], None] | None = None, knobs: Sequence[str] = (),
+                 arch: str | None = None, sms: int | None = None) -> list[ToolResult]:
+    """Every kernel under every tool, in that order (`knobs`, `arch`, `sms`: the --knob NAME=VALUE items, --arch and
+    --sms of the verify inside). No compute-sanitizer: ToolkitMissing (exit 2)."""
     for tool in tools:
         if tool not in TOOLS:
             raise ValueError(f"tool: expected one of {', '.join(TOOLS)}, got {tool!r}")
@@ -260,7 +266,7 @@ def run_sanitize(kernels: Sequence[str], tools: Sequence[str] = TOOLS, *, saniti
                 if on_start:
                     on_start(kernel, tool)
                 report = Path(reports) / f"{kernel}.{tool}.json"
-                line = command(sanitizer, kernel, tool, report, case, knobs=knobs)
+                line = command(sanitizer, kernel, tool, report, case, knobs=knobs, arch=arch, sms=sms)
                 started = time.perf_counter()
                 returncode, log = runner(line, timeout_s, env, cwd)
                 passed, failed = verify_counts(report)

@@ -10,11 +10,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_ARCH = "sm_120"
-SUPPORTED_ARCHES = ("sm_90", "sm_90a", "sm_100", "sm_100a", "sm_120", "sm_120a")
-# Multiprocessors of the GPU a plan is made for when there is none to ask (`kdt plan --sms` picks another):
-# the H200 (132), the B200 (148), the RTX PRO 6000 Blackwell (188; an RTX 5070 Ti has 70).
-TYPICAL_MULTIPROCESSORS = {"sm_90": 132, "sm_90a": 132, "sm_100": 148, "sm_100a": 148, "sm_120": 188, "sm_120a": 188}
+from kdt import arches
+
+
 PROBE_SOURCE = 'extern "C" __global__ void kdt_probe(int* out) { out[threadIdx.x] = threadIdx.x; }\n'
 PROBE_TIMEOUT_S = 120
 
@@ -59,20 +57,13 @@ def nvcc_version(path: Path) -> str | None:
     return match.group(1) if match else None
 
 
-def arch_flag(arch: str) -> str:
-    """`sm_90` -> `-gencode=arch=compute_90,code=sm_90` (cubin only: PTX from a newer nvcc may not load)."""
-    if arch not in SUPPORTED_ARCHES:
-        raise ValueError(f"arch: expected one of {', '.join(SUPPORTED_ARCHES)}, got {arch!r}")
-    number = arch.removeprefix("sm_")
-    return f"-gencode=arch=compute_{number},code=sm_{number}"
-
-
 def probe_compile(nvcc: Nvcc, arch: str) -> tuple[bool, str]:
     """Compile a one-line kernel to a cubin for `arch`: the only real proof that nvcc can target it."""
     with tempfile.TemporaryDirectory(prefix="kdt-probe-") as work:
         source = Path(work) / "probe.cu"
         source.write_text(PROBE_SOURCE)
-        command = [str(nvcc.path), "-cubin", arch_flag(arch), str(source), "-o", str(Path(work) / "probe.cubin")]
+        command = [str(nvcc.path), "-cubin", *arches.get(arch).nvcc_flags(), str(source), "-o",
+                   str(Path(work) / "probe.cubin")]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as error:

@@ -84,6 +84,6 @@ def test_compile_errors_name_file_and_line(tmp_path, monkeypatch):
     assert "topk.cu(1)" in error.value.log
 
 
-def test_unknown_arch_is_rejected():
+def test_unknown_arch_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="arch"):
-        toolkit.arch_flag("sm_7")
+        build.build("topk", "sm_7")

@@ -48,6 +48,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(runtime, "cupy", lambda: types.SimpleNamespace())
     monkeypatch.setattr(runtime, "device_arch", lambda: "sm_90")
     monkeypatch.setattr(runtime, "default_arches", lambda: ["sm_90"])
+    monkeypatch.setattr(runtime, "multiprocessors", lambda: 132)
     monkeypatch.setattr(build, "build", lambda kernel, arch, **kw: build.BuildResult(build.kernel_name(kernel), arch,
                                                                                      Path("x"), True))
 
@@ -426,7 +427,7 @@ def test_a_cubin_the_driver_refuses(monkeypatch):
 
     monkeypatch.setattr(runtime, "_module_for", refuse)
     with pytest.raises(runtime.GpuMissing, match="does not load on this GPU/driver.*NO_BINARY_FOR_GPU"):
-        runtime.load.__wrapped__("topk")
+        runtime._load.__wrapped__("topk", "sm_90")
 
 
 @pytest.fixture
@@ -434,7 +435,6 @@ def ampere(monkeypatch):
     """An sm_80 GPU: an arch kdt does not build for."""
     monkeypatch.setattr(runtime, "cupy", lambda: types.SimpleNamespace())
     monkeypatch.setattr(runtime, "gpu_arch", lambda: "sm_80")
-    monkeypatch.delenv("KDT_ARCH", raising=False)
 
 
 @pytest.mark.parametrize("args", [("fuzz", "topk", "--cases", "1"), ("sanitize", "topk")], ids=["fuzz", "sanitize"])
@@ -449,7 +449,7 @@ def test_fuzz_and_sanitize_on_an_unsupported_arch(ampere, monkeypatch, capsys, a
 def test_loading_kernels_on_an_unsupported_arch(ampere, monkeypatch):
     monkeypatch.setattr(toolkit, "find_nvcc", lambda: toolkit.Nvcc(Path("/bin/true"), "PATH", "13.0.88"))
     with pytest.raises(runtime.GpuMissing, match="sm_80"):
-        runtime.load.__wrapped__("topk")
+        runtime.load("topk")
 
 
 def test_verify_on_an_unsupported_arch(ampere, monkeypatch, capsys):

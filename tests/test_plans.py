@@ -128,7 +128,7 @@ def test_tree_build_select_path_by_budget_and_knob(targets):
 
 @pytest.mark.nvcc
 def test_verify_attn_splits_fill_the_gpu_from_shapes_alone(targets):
-    def plan(groups, heads, slots, prefix, sms=132, **knobs):
+    def plan(groups, heads, slots, prefix, sms=132, arch="sm_90", **knobs):
         pages = prefix // 64
         inputs = {"q": ArraySpec((groups, slots, heads, 576), "bfloat16"),
                   "kv_cache": ArraySpec((groups * pages, 64, 576), "bfloat16"),
@@ -137,14 +137,15 @@ def test_verify_attn_splits_fill_the_gpu_from_shapes_alone(targets):
                   "mask": ArraySpec((groups, slots, (slots + 31) // 32), "uint32"),
                   "n_nodes": ArraySpec((groups,), "int32")}
         params = {"softmax_scale": 0.04, "d_v": 512}
-        return ops.plan_for("verify-attn", inputs, params, targets("verify-attn", "sm_90", sms), knobs)
+        return ops.plan_for("verify-attn", inputs, params, targets("verify-attn", arch, sms), knobs)
 
     assert plan(1, 64, 256, 32768).fact("splits") == 1 and len(plan(1, 64, 256, 32768).launches) == 1
     small = plan(8, 8, 8, 131072)
     assert small.fact("splits") == 16 and [k.function for k in small.launches][-1] == "kdt_verify_attn_combine"
     assert small.workspace_bytes == 16 * 8 * 1 * 64 * 513 * 4
-    assert plan(1, 8, 8, 1024).fact("splits") == 4                 # capped by 4 pages per split
-    assert plan(1, 8, 8, 1024, min_pages_per_split=1).fact("splits") == 16
+    assert plan(1, 8, 8, 1024).fact("splits") == 4                 # capped by 4 tiles (pages) per split
+    assert plan(1, 8, 8, 1024, min_tiles_per_split=1).fact("splits") == 16
+    assert plan(1, 8, 8, 1024, arch="sm_120").fact("splits") == 16  # 16-key tiles: 4 tiles is one page
     assert plan(8, 8, 8, 131072, sms=70).fact("splits") == 8       # an RTX 5070 Ti's 70 SMs
     assert plan(8, 8, 8, 131072, splits=1).workspace_bytes == 0
 

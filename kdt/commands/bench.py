@@ -1,5 +1,6 @@
 """`kdt bench`: time kernels the way engines run them, against the machine's measured peaks and the baselines;
-`--sweep KNOB=a,b,c` times every shape at each value of a launch knob."""
+`--sweep KNOB=a,b,c` times every shape at each value of a launch knob, `--arch A --arch B` on each arch (e.g. the
+sm_90a build and the sm_120 configuration emulated on the same H200), side by side in one run."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import typer
 from rich.table import Table
 
 from kdt import build, runtime, stages
-from kdt.commands.common import KnobOption, StagesArg, knobs_for
+from kdt.commands.common import KnobOption, SmsOption, StagesArg, knobs_for, parse_arches
 from kdt.console import EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK, KdtExit, console
 from kdt.launch.plan import make_knobs
 from refs.errors import BadInput
@@ -34,7 +35,10 @@ def command(kernels: list[str] = StagesArg,
             no_baselines: bool = typer.Option(False, "--no-baselines", help="skip the CPU and PyTorch baselines"),
             knob: Optional[list[str]] = KnobOption,
             sweep: Optional[str] = typer.Option(None, "--sweep", metavar="KNOB=A,B,...",
-                                                help="time every shape at each of these values of one launch knob")):
+                                                help="time every shape at each of these values of one launch knob"),
+            arch: Optional[list[str]] = typer.Option(None, "--arch", help="run the cubins of this arch (repeatable: "
+                                                     "each shape on each, side by side; default: the GPU's own)"),
+            sms: Optional[int] = SmsOption):
     """Time kernels (CUDA events, graph mode, rotated inputs) against the machine's measured peaks."""
     from kdt import bench, peaks, report
 
@@ -50,8 +54,11 @@ def command(kernels: list[str] = StagesArg,
     if plot_file is not None and importlib.util.find_spec("matplotlib") is None:
         raise KdtExit(EXIT_ENVIRONMENT, "--plot needs matplotlib: python3 -m pip install -e '.\\[plot]'")
     runtime.cupy()
-    for spec in specs:
-        build.build(spec, runtime.device_arch())
+    runs = parse_arches(arch) if arch else [runtime.device_arch()]
+    for name in runs:
+        with runtime.selected(name if arch else None, sms):
+            for spec in specs:
+                build.build(spec, runtime.device_arch())
     machine = peaks.get()
     console.print(f"peaks on {machine.gpu}: copy {machine.copy_gbps:,.0f} GB/s, matmul {machine.matmul_tflops:,.0f} "
                   f"TFLOP/s ({machine.matmul_how})")
@@ -63,14 +70,18 @@ def command(kernels: list[str] = StagesArg,
         chosen = [s for s in spec.bench_shapes(quick) if shape is None or fnmatch.fnmatch(s.name, shape)]
         table = Table(title=f"kdt bench {spec.name}: us per launch (graph mode is the headline)")
         sweep_name = sweep.partition("=")[0].strip() if sweep else None
-        for column in COLUMNS[:1] + ((sweep_name,) if sweep_name else ()) + COLUMNS[1:]:
-            table.add_column(column, justify="left" if column in ("shape", "path") else "right")
+        extra = (("arch",) if len(runs) > 1 else ()) + ((sweep_name,) if sweep_name else ())
+        for column in COLUMNS[:1] + extra + COLUMNS[1:]:
+            table.add_column(column, justify="left" if column in ("shape", "path", "arch") else "right")
         for item in chosen:
-            for point in points:
-                r = bench.bench_shape(spec, item, machine, graph=not no_graph, baselines=not no_baselines,
-                                      knobs={**fixed[spec.name], **point})
-                results.append(r)
-                table.add_row(*_row(r, [str(value) for value in point.values()]))
+            for name in runs:
+                for point in points:
+                    with runtime.selected(name if arch else None, sms):
+                        r = bench.bench_shape(spec, item, machine, graph=not no_graph, baselines=not no_baselines,
+                                              knobs={**fixed[spec.name], **point})
+                    results.append(r)
+                    cells = ([r.arch] if len(runs) > 1 else []) + [str(value) for value in point.values()]
+                    table.add_row(*_row(r, cells))
         console.print(table)
     if json_file:
         report.write_atomically(json_file, bench.results_json(results, machine))

@@ -7,9 +7,9 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from kdt import build, stages
-from kdt.commands.common import ArchOption, arches
-from kdt.console import console
+from kdt import build, limits, stages
+from kdt.commands.common import ArchOption, parse_arches
+from kdt.console import EXIT_ENVIRONMENT, KdtExit, console
 from refs.errors import BadInput
 
 KernelSourcesArg = typer.Argument(None, help="kernel sources under kernels/ (the stages and the pipeline's "
@@ -24,8 +24,31 @@ def command(kernels: Optional[list[str]] = KernelSourcesArg, arch: Optional[list
     for name in chosen:
         if name not in names:
             raise BadInput("KERNEL", f"one of {', '.join(names)} (or 'all')", name)
-    results = [build.build(name, target, force=force) for name in chosen for target in arches(arch)]
+    results = [build.build(name, target, force=force) for name in chosen for target in parse_arches(arch)]
     console.print(resource_table(results))
+    violations = [v for result in results for v in limits.check(result, _plans(result))]
+    if violations:
+        console.print(violation_table(violations))
+        raise KdtExit(EXIT_ENVIRONMENT, f"[red]{len(violations)} limit(s) exceeded[/]: these cubins would fail on "
+                                        "their GPU (the table above)")
+    console.print(f"every function within its arch's limits ({', '.join(dict.fromkeys(r.arch for r in results))})")
+
+
+def _plans(result: build.BuildResult):
+    try:
+        spec = stages.get(result.kernel)
+    except stages.UnknownStage:       # not a stage (the pipeline's synthetic target): ptxas's figures only
+        return []
+    return limits.bench_plans(spec, result)
+
+
+def violation_table(violations: list[limits.Violation]) -> Table:
+    table = Table(title="kdt build: limits exceeded")
+    for column in ("kernel", "arch", "function", "limit", "allowed", "asked", "where"):
+        table.add_column(column, justify="right" if column in ("allowed", "asked") else "left")
+    for v in violations:
+        table.add_row(v.kernel, v.arch, v.function, v.limit, f"{v.allowed:,}", f"{v.asked:,}", v.where)
+    return table
 
 
 def resource_table(results: list[build.BuildResult]) -> Table:

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kdt import runtime, stages, toolkit
+from kdt import arches, runtime, stages
 from kdt.console import EXIT_ENVIRONMENT, KdtExit, errors
 from kdt.launch.plan import make_knobs, parse_knob_options
 from kdt.spec import StageSpec
@@ -16,18 +16,33 @@ from refs.errors import BadInput
 KernelsArg = typer.Argument(None, help="kernels: " + ", ".join(stages.names()) + " (default: all)")
 StagesArg = typer.Argument(..., help="a kernel name or 'all'")
 ArchOption = typer.Option(None, "--arch", help="target arch, repeatable (default: the GPU's, else sm_120)")
+RunArchOption = typer.Option(None, "--arch", help="run the cubins of this arch (default: the GPU's own; "
+                                                  "sm_120-emu: the sm_120 configuration on an H200)")
+SmsOption = typer.Option(None, "--sms", min=1, help="make launch plans for a GPU of this many multiprocessors "
+                                                    "(an emulated one: 70 for an RTX 5070 Ti, 188 for an RTX PRO 6000)")
 KnobOption = typer.Option(None, "--knob", metavar="NAME=VALUE",
                           help="a launch knob of the stage (repeatable; `kdt plan STAGE` lists them)")
 
 
-def arches(requested: Optional[list[str]]) -> list[str]:
+def parse_arches(requested: Optional[list[str]]) -> list[str]:
     """The --arch values, checked; none given: the arch of the GPU present, else sm_120."""
     if not requested:
         return runtime.default_arches()
+    chosen = []
     for item in requested:
-        if item not in toolkit.SUPPORTED_ARCHES:
-            raise BadInput("--arch", "one of " + ", ".join(toolkit.SUPPORTED_ARCHES), item)
-    return requested
+        for name in item.split(","):          # --arch sm_90a,sm_120 as well as --arch sm_90a --arch sm_120
+            name = name.strip()
+            if name not in arches.ARCHES:
+                raise BadInput("--arch", "one of " + ", ".join(arches.names()), name)
+            if name not in chosen:
+                chosen.append(name)
+    return chosen
+
+
+def select_run(arch: Optional[str], sms: Optional[int]) -> None:
+    """--arch / --sms of the commands that run kernels: which cubins run here, and for how many SMs plans are made
+    (checked against this GPU when the first kernel loads)."""
+    runtime.select(arch, sms)
 
 
 def knobs_for(specs: list[StageSpec], items: Optional[list[str]]) -> dict[str, dict]:

@@ -8,17 +8,17 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from kdt import envcheck, toolkit
+from kdt import arches, envcheck
 from kdt.console import EXIT_CHECK_FAILED, EXIT_OK, console
 from refs.errors import BadInput
 
 
-def command(arch: str = typer.Option(toolkit.DEFAULT_ARCH, help="target arch to check for"),
+def command(arch: str = typer.Option(arches.DEFAULT, help="target arch to check for"),
             as_json: bool = typer.Option(False, "--json", help="print machine-readable JSON"),
             require_gpu: bool = typer.Option(False, "--require-gpu", help="fail unless a GPU of --arch is present")):
     """Check Python packages, nvcc (with a real probe compile), CuPy and the GPUs."""
-    if arch not in toolkit.SUPPORTED_ARCHES:
-        raise BadInput("--arch", "one of " + ", ".join(toolkit.SUPPORTED_ARCHES), arch)
+    if arch not in arches.ARCHES:
+        raise BadInput("--arch", "one of " + ", ".join(arches.names()), arch)
     checks = envcheck.run_checks(arch, require_gpu)
     if as_json:
         print(json.dumps(envcheck.as_json(checks), indent=2))

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from kdt import fuzz, stages
 from kdt.commands import common
-from kdt.commands.common import KnobOption, StagesArg
+from kdt.commands.common import KnobOption, RunArchOption, SmsOption, StagesArg
 from kdt.console import EXIT_CHECK_FAILED, EXIT_OK, console, errors
 from refs.errors import BadInput
 
@@ -77,7 +77,8 @@ def command(kernels: list[str] = StagesArg,
                                                   help="stop fuzzing a kernel after this many failures"),
                  shrink_runs: int = typer.Option(fuzz.DEFAULT_SHRINK_RUNS, "--shrink-runs", min=0,
                                                  help="at most this many runs to shrink one failure"),
-                 knob: Optional[list[str]] = KnobOption):
+                 knob: Optional[list[str]] = KnobOption, arch: Optional[str] = RunArchOption,
+                 sms: Optional[int] = SmsOption):
     """Random cases of random shape on the GPU against the reference; failures shrunk and saved as regressions."""
     specs = stages.select(kernels)
     if seconds is None and cases is None:
@@ -88,6 +89,7 @@ def command(kernels: list[str] = StagesArg,
     if without:
         raise BadInput("KERNEL", "kernels whose stage has a random_case generator", ", ".join(without))
     knobs = common.knobs_for(specs, knob)
+    common.select_run(arch, sms)
     common.preflight(specs)
     errors.print(f"kdt fuzz: seed {seed} (rerun with --seed {seed}), "
                  + (f"{seconds:g} s" if seconds is not None else "no time limit")

@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from kdt.commands.common import RunArchOption, SmsOption, select_run
+
 
 def command(batch: int = typer.Option(8, "--batch", help="requests decoded together (G)"),
             budget: int = typer.Option(63, "--budget", help="tree nodes per request and step, root excluded (B)"),
@@ -18,10 +20,12 @@ def command(batch: int = typer.Option(8, "--batch", help="requests decoded toget
             draft_quality: float = typer.Option(0.8, "--draft-quality",
                                                 help="0..1: how often the drafter's top guess is the target's token"),
             vocab: int = typer.Option(4096, "--vocab", help="vocabulary of the target and the drafter"),
-            json_file: Optional[Path] = typer.Option(None, "--json", help="write every number as JSON")):
+            json_file: Optional[Path] = typer.Option(None, "--json", help="write every number as JSON"),
+            arch: Optional[str] = RunArchOption, sms: Optional[int] = SmsOption):
     """DDTree speculative decoding end to end on a synthetic target/drafter pair; exit 1 unless lossless."""
     from kdt import pipeline
 
+    select_run(arch, sms)
     config = pipeline.PipelineConfig(batch=batch, budget=budget, depth=depth, topk=topk, tokens=tokens, seed=seed,
                                      backend=backend, draft_quality=draft_quality, vocab=vocab)
     raise typer.Exit(pipeline.command(config, json_file))

@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from kdt import build, golden, ops, runtime, stages, toolkit
+from kdt import arches, build, golden, ops, runtime, stages
 from kdt.commands.common import KnobOption, knobs_for
 from kdt.console import EXIT_OK, console
 from kdt.dtypes import name as dtype_name
@@ -68,11 +68,11 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
 
 
 def _target(kernel: str, arch: Optional[str], sms: Optional[int]) -> Target:
-    if arch is not None and arch not in toolkit.SUPPORTED_ARCHES:
-        raise BadInput("--arch", "one of " + ", ".join(toolkit.SUPPORTED_ARCHES), arch)
+    if arch is not None and arch not in arches.ARCHES:
+        raise BadInput("--arch", "one of " + ", ".join(arches.names()), arch)
     here = arch is None and _has_gpu()
     chosen = arch or runtime.default_arches()[0]
-    count = sms or (runtime.multiprocessors() if here else toolkit.TYPICAL_MULTIPROCESSORS[chosen])
+    count = sms or (runtime.multiprocessors() if here else arches.get(chosen).multiprocessors)
     return Target.make(chosen, count, build.build(kernel, chosen).constants)
 
 

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from kdt import sanitize, stages, toolkit
 from kdt.commands import common
-from kdt.commands.common import KnobOption, StagesArg
+from kdt.commands.common import KnobOption, RunArchOption, SmsOption, StagesArg
 from kdt.console import EXIT_ENVIRONMENT, EXIT_OK, console, errors
 from refs.errors import BadInput
 
@@ -63,7 +63,8 @@ def command(kernels: list[str] = StagesArg,
                                                               help="write each run's log to DIR/<kernel>.<tool>.log"),
                      timeout: float = typer.Option(sanitize.DEFAULT_TIMEOUT_S, "--timeout", min=1,
                                                    help="seconds allowed per kernel and tool"),
-                     knob: Optional[list[str]] = KnobOption):
+                     knob: Optional[list[str]] = KnobOption, arch: Optional[str] = RunArchOption,
+                     sms: Optional[int] = SmsOption):
     """`kdt verify` under compute-sanitizer memcheck, racecheck, initcheck and synccheck; exit 1 on any finding."""
     tools = list(dict.fromkeys(tool or sanitize.TOOLS))
     for name in tools:
@@ -75,6 +76,7 @@ def command(kernels: list[str] = StagesArg,
         raise toolkit.ToolkitMissing("compute-sanitizer not found (next to nvcc, on PATH, under CUDA_HOME or "
                                      "/usr/local/cuda, or by cuda-pathfinder); it ships with the CUDA toolkit")
     common.knobs_for(specs, knob)
+    common.select_run(arch, sms)
     common.preflight(specs)  # builds every cubin here, so the runs under the sanitizer find them cached
 
     def started(kernel: str, name: str) -> None:
@@ -86,7 +88,7 @@ def command(kernels: list[str] = StagesArg,
     names = [spec.name for spec in specs]
     results = sanitize.run_sanitize(names, tools, sanitizer=sanitizer, case=case, timeout_s=timeout,
                                     keep_logs=keep_logs, on_start=started, on_result=finished,
-                                    knobs=knob or ())
+                                    knobs=knob or (), arch=arch, sms=sms)
     console.print(_sanitize_table(names, tools, results))
     for result in results:
         _print_sanitize_details(result)

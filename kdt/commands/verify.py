@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kdt import build, golden, runtime, stages
-from kdt.commands.common import ArchOption, KnobOption, StagesArg, arches, knobs_for
+from kdt.commands.common import KnobOption, RunArchOption, SmsOption, StagesArg, knobs_for, select_run
 from kdt.console import EXIT_CHECK_FAILED, EXIT_OK, console
 from refs.errors import BadInput
 
@@ -18,7 +18,8 @@ from refs.errors import BadInput
 def command(kernels: list[str] = StagesArg,
             golden_file: Optional[Path] = typer.Option(None, "--golden", help="default golden/<kernel>.h5"),
             case: Optional[str] = typer.Option(None, "--case", help="only cases matching this glob"),
-            arch: Optional[list[str]] = ArchOption,
+            arch: Optional[str] = RunArchOption,
+            sms: Optional[int] = SmsOption,
             max_diffs: int = typer.Option(10, "--max-diffs", min=0, help="mismatches shown per output"),
             json_file: Optional[Path] = typer.Option(None, "--json", help="write the results as JSON"),
             junit_file: Optional[Path] = typer.Option(None, "--junit", help="write JUnit XML"),
@@ -33,17 +34,19 @@ def command(kernels: list[str] = StagesArg,
     if golden_file is not None and len(specs) != 1:
         raise BadInput("--golden", "a single kernel to go with it", [s.name for s in specs])
     knobs = knobs_for(specs, knob)
+    select_run(arch, sms)
     runtime.cupy()  # no GPU: exit 2 before building anything
-    for target in arches(arch):
-        for spec in specs:
-            build.build(spec, target)
+    target = runtime.device_arch()
+    for spec in specs:
+        build.build(spec, target)
     results = []
     for spec in specs:
         paths = [golden_file or golden.default_path("golden", spec.name)]
         if regressions and golden_file is None and fuzz.regressions_path(spec.name).exists():
             paths.append(fuzz.regressions_path(spec.name))
         for path in paths:
-            table = Table(title=f"kdt verify {spec.name} ({path})")
+            table = Table(title=f"kdt verify {spec.name} ({path}) on {target}, plans for "
+                                f"{runtime.multiprocessors()} SMs")
             for column in ("case", "result", "time us", "outputs"):
                 table.add_column(column)
             cases = verify.verify_file(spec, path, case, max_diffs, graph, knobs=knobs[spec.name])

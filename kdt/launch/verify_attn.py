@@ -25,20 +25,22 @@ COMBINE = "kdt_verify_attn_combine"
 
 @dataclass(frozen=True)
 class Knobs:
-    min_pages_per_split: int = knob(4, "a split streams at least this many pages (amortises its Q load and its "
-                                       "partial write)")
+    min_tiles_per_split: int = knob(4, "a split streams at least this many key tiles of kdt_verify_attn_kv_tile "
+                                       "keys (4 pages on sm_90a, 1 on the sm_120 configuration): it amortises "
+                                       "its Q load and its partial write")
     splits: int | None = knob(None, "key-tile splits per (request, query tile); None: enough CTAs for one wave")
 
 
 def num_splits(groups: int, slots: int, heads: int, max_pages: int, target: Target, knobs: Knobs) -> int:
-    """Splits per (request, query tile): enough CTAs for one wave, each holding at least min_pages_per_split
-    pages of the largest possible prefix (the block table's width)."""
+    """Splits per (request, query tile): enough CTAs for one wave, each holding at least min_tiles_per_split key
+    tiles of the largest possible prefix (the block table's width)."""
     base = groups * cdiv(slots * heads, target.constant("kdt_verify_attn_rows"))
     if knobs.splits is not None:
         return max(1, knobs.splits)
     if base == 0 or base >= target.multiprocessors:
         return 1
-    return max(1, min(target.multiprocessors // base, max_pages // knobs.min_pages_per_split))
+    tiles = max_pages * target.constant("kdt_verify_attn_page") // target.constant("kdt_verify_attn_kv_tile")
+    return max(1, min(target.multiprocessors // base, tiles // knobs.min_tiles_per_split))
 
 
 def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knobs) -> LaunchPlan:

@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "common/arch.cuh"
+
 namespace topk {
 
 constexpr unsigned FULL = 0xffffffffu;        // every lane of a warp
@@ -29,7 +31,7 @@ constexpr int SMALL_CAPW = 384;               // per-warp candidate buffer entri
 // would cost a resident block) keeps the register loads.
 // ROW_CLUSTER: blocks per row of the cluster path and of the wide resident shape: 8 is the portable cluster size;
 // sm_90 runs 16-block clusters (non-portable: the launcher opts the functions in).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+#if defined(KDT_SM120_CONFIG) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000)   // sm_100 takes sm_120's
 constexpr int SMALL_STAGES = 0;
 constexpr int SMALL_MIN_BLOCKS = 2;           // what its shared memory holds: 128 registers per thread
 constexpr int ROW_CLUSTER = 8;

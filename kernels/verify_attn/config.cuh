@@ -7,6 +7,8 @@
 
 #include <stdint.h>
 
+#include "common/arch.cuh"
+
 namespace va {
 
 // ---- shapes (the launcher rejects others: kdt_verify_attn_dqk / kdt_verify_attn_dv)
@@ -20,7 +22,7 @@ constexpr int ROW_BYTES = DQK * 2;            // 1152 B per key / query row
 constexpr int ROW_CHUNKS = ROW_BYTES / 16;    // 72 16-byte chunks per row
 
 // ---- per-arch tile: two 64-key buffers fit the 227 KB parts, one 16-key buffer the 99 KB ones
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 1200 || __CUDA_ARCH__ < 900)
+#if defined(KDT_SMEM_99KB)
 constexpr int KV_T = 16;                      // keys per tile (99 KB smem parts: sm_120, sm_8x)
 constexpr int STAGES = 1;
 #else
@@ -134,7 +136,7 @@ static_assert(DV % (WARPS * 16) == 0, "value columns split in 16-column pairs pe
 static_assert(P_CHUNKS == 2 || P_CHUNKS == 4 || P_CHUNKS == 8, "P swizzle");
 static_assert(ROW_CHUNKS % 8 == 0, "key/query swizzle works on groups of 8 chunks");
 static_assert(THREADS % KV_T == 0 && THREADS % ROWS == 0, "loader: whole threads per row");
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 1200 || __CUDA_ARCH__ < 900)
+#if defined(KDT_SMEM_99KB)
 static_assert(SMEM_BYTES <= 101376, "sm_120 / sm_8x: 99 KB of dynamic smem per block");
 #else
 static_assert(SMEM_BYTES <= 232448, "sm_90 / sm_100: 227 KB of dynamic smem per block");

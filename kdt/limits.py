@@ -1,0 +1,75 @@
+"""Every function of a cubin held to its arch's limits (kdt/arches.py), at build time: registers and static shared
+memory from ptxas, and, through the stage's launch plans for its bench shapes, the dynamic + static shared memory
+per block, the cluster size and the threads per block each launch asks for. `kdt build` fails (exit 2) with the
+table of what exceeded what, so a change that pushes an sm_120 cubin past 99 KB, or into a cluster shape sm_120
+refuses, fails CI instead of the user's first launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from kdt import arches
+from kdt.build import BuildResult
+from kdt.launch.plan import ArraySpec, LaunchPlan, Target
+from kdt.spec import StageSpec
+from refs.errors import BadInput
+
+
+@dataclass(frozen=True)
+class Violation:
+    kernel: str
+    arch: str
+    function: str
+    limit: str        # what was exceeded: "shared memory per block (dynamic + static)", ...
+    allowed: int
+    asked: int
+    where: str        # the bench shape whose plan asked for it, or "ptxas"
+
+
+def bench_plans(spec: StageSpec, result: BuildResult) -> list[tuple[str, LaunchPlan]]:
+    """The stage's plans for its bench shapes, for a typical GPU of the cubin's arch."""
+    from kdt import ops
+
+    arch = arches.get(result.arch)
+    target = Target.make(arch.name, arch.multiprocessors, result.constants)
+    plans = []
+    for shape in spec.bench_shapes(False) if spec.bench_shapes else ():
+        inputs = {name: ArraySpec(tuple(dims), dtype) for name, (dims, dtype) in shape.layout.items()}
+        try:
+            plans.append((shape.name, ops.plan_for(spec, inputs, dict(shape.params), target)))
+        except (BadInput, KeyError) as error:   # a plan the cubin cannot make (a constant it lacks) is a violation
+            plans.append((shape.name, LaunchPlan(spec.name, f"no plan: {error}", ())))
+    return plans
+
+
+def check(result: BuildResult, plans: Iterable[tuple[str, LaunchPlan]] = ()) -> list[Violation]:
+    """What in `result` (and in the launches `plans` make of it) exceeds its arch's limits; the worst case per
+    function and limit."""
+    arch = arches.get(result.arch)
+    found: dict[tuple[str, str], Violation] = {}
+
+    def over(function: str, limit: str, allowed: int, asked: int, where: str) -> None:
+        if asked > allowed:
+            key = (function, limit)
+            if key not in found or asked > found[key].asked:
+                found[key] = Violation(result.kernel, arch.name, function, limit, allowed, asked, where)
+
+    resources = {r.function: r for r in result.resources}
+    for r in result.resources:
+        over(r.function, "registers per thread", arch.max_registers, r.registers, "ptxas")
+        over(r.function, "shared memory per block (static)", arch.smem_per_block, r.shared_bytes, "ptxas")
+    for where, plan in plans:
+        if plan.path.startswith("no plan"):
+            over("-", plan.path, 0, 1, where)
+        for launch in plan.launches:
+            if launch.function not in resources:
+                over(launch.function, "an entry point of the cubin", 0, 1, where)
+                continue
+            static = resources[launch.function].shared_bytes
+            over(launch.function, "shared memory per block (dynamic + static)", arch.smem_per_block,
+                 launch.dynamic_smem + static, where)
+            over(launch.function, "blocks per cluster", arch.max_cluster, launch.cluster, where)
+            over(launch.function, "threads per block", arch.max_threads, launch.block, where)
+    return sorted(found.values(), key=lambda v: (v.kernel, v.arch, v.function, v.limit))

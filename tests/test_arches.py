@@ -1,0 +1,143 @@
+"""The build targets without a GPU: the sm_120 emulation takes exactly the sm_120 configuration (constants,
+functions, shared memory, plans), every cubin is held to its arch's limits and the gate fires, and the arch a
+process runs is chosen and checked against the GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from kdt import arches, build, envcheck, limits, ops, runtime, stages
+from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchPlan, Target
+from refs.errors import BadInput
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("kernel", stages.names())
+def test_the_emulation_builds_exactly_the_sm120_configuration(kernel):
+    """sm_120-emu (sm_90 code with -DKDT_EMULATE_SM120) and sm_120: the same exported launch constants, the same
+    entry points with the same static shared memory, and the same launch plan for every bench shape, whatever the
+    SM count, so what is verified on the H200 is what an sm_120 GPU runs."""
+    real, emulated = build.build(kernel, "sm_120"), build.build(kernel, "sm_120-emu")
+    assert emulated.constants == real.constants
+    static = lambda result: {r.function: r.shared_bytes for r in result.resources}
+    assert static(emulated) == static(real)
+    spec = stages.get(kernel)
+    for count in (70, 188):
+        for shape in spec.bench_shapes(False):
+            inputs = {name: ArraySpec(tuple(dims), dtype) for name, (dims, dtype) in shape.layout.items()}
+            plans = [ops.plan_for(spec, inputs, dict(shape.params), Target.make(r.arch, count, r.constants))
+                     for r in (real, emulated)]
+            assert plans[0].launches == plans[1].launches and plans[0].path == plans[1].path, shape.name
+
+
+@pytest.mark.nvcc
+def test_the_emulation_differs_from_the_hopper_build():
+    """The configuration really moves: verify-attn's 16-key tile and 99 KB budget, topk's 8-block clusters."""
+    hopper, emulated = build.build("verify-attn", "sm_90"), build.build("verify-attn", "sm_120-emu")
+    assert emulated.constants["kdt_verify_attn_kv_tile"] == 16 and hopper.constants["kdt_verify_attn_kv_tile"] == 64
+    assert emulated.constants["kdt_verify_attn_smem_bytes"] <= 99 * 1024 < hopper.constants["kdt_verify_attn_smem_bytes"]
+    assert build.build("topk", "sm_120-emu").constants["kdt_topk_cluster_size"] == 8
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ["sm_90", "sm_120", "sm_120-emu"])
+@pytest.mark.parametrize("kernel", stages.names())
+def test_every_cubin_is_within_its_arch_limits(kernel, arch):
+    result = build.build(kernel, arch)
+    assert limits.check(result, limits.bench_plans(stages.get(kernel), result)) == []
+
+
+FAKE_VERIFY_ATTN = """
+extern "C" __constant__ int kdt_verify_attn_threads = 256;
+extern "C" __constant__ int kdt_verify_attn_rows = 64;
+extern "C" __constant__ int kdt_verify_attn_kv_tile = 64;
+extern "C" __constant__ int kdt_verify_attn_smem_bytes = 150000;
+extern "C" __constant__ int kdt_verify_attn_dqk = 576;
+extern "C" __constant__ int kdt_verify_attn_dv = 512;
+extern "C" __constant__ int kdt_verify_attn_page = 64;
+extern "C" __constant__ int kdt_verify_attn_combine_threads = 256;
+extern "C" __constant__ int kdt_verify_attn_combine_rows = 2;
+extern "C" __global__ void kdt_verify_attn_fwd(float* out) { extern __shared__ float s[]; s[threadIdx.x] = 1.f;
+                                                             out[threadIdx.x] = s[255 - threadIdx.x]; }
+extern "C" __global__ void kdt_verify_attn_combine(float* out) { out[threadIdx.x] = 0.f; }
+"""
+
+
+@pytest.mark.nvcc
+def test_the_gate_fires_on_a_kernel_that_asks_for_too_much(tmp_path, root):
+    """A verify-attn whose plan asks for 150,000 B of shared memory per block: fine on sm_90 (227 KB), refused for
+    sm_120 (99 KB) by `kdt build`, exit 2, with the table of what exceeded what."""
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / "verify_attn.cu").write_text(FAKE_VERIFY_ATTN)
+    env = {**os.environ, "KDT_KERNELS_DIR": str(kernels), "KDT_CACHE_DIR": str(tmp_path / "cache"), "COLUMNS": "200"}
+    run = lambda arch: subprocess.run([sys.executable, "-m", "kdt", "build", "verify-attn", "--arch", arch],
+                                      capture_output=True, text=True, cwd=root, env=env, timeout=600)
+    assert run("sm_90").returncode == 0
+    done = run("sm_120")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "limits exceeded" in done.stdout and "kdt_verify_attn_fwd" in done.stdout
+    assert "shared memory per block (dynamic + static)" in done.stdout and "150,000" in done.stdout
+    assert "101,376" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_the_limits_each_launch_is_held_to():
+    result = build.BuildResult("topk", "sm_120", Path("x"), True,
+                               [build.FunctionResources("f", 64, 1024, 0, 0, 0),
+                                build.FunctionResources("g", 300, 0, 0, 0, 0)], {})
+    plan = LaunchPlan("topk", "cluster", (KernelLaunch("f", (32, 1, 1), 256, (), 101376, 16),
+                                          KernelLaunch("h", (1, 1, 1), 2048, ())))
+    found = {(v.function, v.limit): (v.allowed, v.asked) for v in limits.check(result, [("shape", plan)])}
+    assert found == {("f", "shared memory per block (dynamic + static)"): (101376, 102400),
+                     ("f", "blocks per cluster"): (8, 16),
+                     ("g", "registers per thread"): (255, 300),
+                     ("h", "an entry point of the cubin"): (0, 1)}
+    hopper_cubin = build.BuildResult("topk", "sm_90", Path("x"), True, result.resources[:1], {})
+    assert limits.check(hopper_cubin, [("shape", dataclasses.replace(plan, launches=plan.launches[:1]))]) == []
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    """An H200 that is never used: its compute capability and SM count."""
+    monkeypatch.setattr(runtime, "cupy", lambda: types.SimpleNamespace())
+    monkeypatch.setattr(runtime, "gpu_arch", lambda: "sm_90")
+    yield
+    runtime.select()
+
+
+def test_the_arch_a_process_runs(hopper):
+    assert runtime.device_arch() == "sm_90a"                       # the GPU's own: Hopper with wgmma
+    runtime.select("sm_120-emu", 70)
+    assert runtime.device_arch() == "sm_120-emu" and runtime.multiprocessors() == 70
+    with runtime.selected("sm_90"):
+        assert runtime.device_arch() == "sm_90"
+    assert runtime.device_arch() == "sm_120-emu"
+    runtime.select("sm_120")
+    with pytest.raises(runtime.GpuMissing, match="--arch sm_120-emu runs its configuration here"):
+        runtime.device_arch()
+    with pytest.raises(BadInput, match="--arch"):
+        runtime.select("sm_121")
+    with pytest.raises(BadInput, match="--sms"):
+        runtime.select("sm_120-emu", 0)
+
+
+def test_env_check_says_how_to_emulate():
+    fix = envcheck._arch_fix("sm_120", "sm_90")
+    assert "--arch sm_120-emu" in fix and "--sms 70" in fix and "--arch sm_90a" in fix
+    assert envcheck._arch_fix("sm_100", "sm_90") == "pass --arch sm_90a to target this GPU"
+
+
+def test_every_arch_has_nvcc_flags_and_limits():
+    emulation = arches.get("sm_120-emu")
+    assert emulation.nvcc_flags() == ["-gencode=arch=compute_90,code=sm_90", "-DKDT_EMULATE_SM120"]
+    assert (emulation.smem_per_block, emulation.max_cluster) == (arches.get("sm_120").smem_per_block, 8)
+    assert arches.get("sm_90a").nvcc_flags() == ["-gencode=arch=compute_90a,code=sm_90a"]
+    with pytest.raises(ValueError, match="arch"):
+        arches.get("sm_7")
