@@ -147,19 +147,46 @@ def bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool = True, b
         runtime.cupy().get_default_memory_pool().free_all_blocks()
 
 
-def _bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool, baselines: bool, knobs: dict) -> ShapeResult:
-    cp = runtime.cupy()
+@dataclass
+class _Buffers:
+    """One shape's device buffers: `rotate` copies of its inputs (together more than the L2 holds), one set of
+    outputs, the workspace."""
+
+    input_sets: list[dict]
+    params: dict
+    outputs: dict
+    workspace: object
+
+    @property
+    def rotate(self) -> int:
+        return len(self.input_sets)
+
+    def launcher(self, spec: StageSpec, knobs: dict, kernels_dir=None) -> Callable[[int], None]:
+        """launch(i): one call on input set i (with the kernels built from `kernels_dir`, if given)."""
+        def launch(i: int) -> None:
+            if kernels_dir is None:
+                ops.run(spec, self.input_sets[i], self.params, out=self.outputs, workspace=self.workspace, knobs=knobs)
+                return
+            with runtime.selected(runtime.current().arch, runtime.current().multiprocessors, kernels_dir):
+                ops.run(spec, self.input_sets[i], self.params, out=self.outputs, workspace=self.workspace, knobs=knobs)
+        return launch
+
+
+def _buffers(cp, spec: StageSpec, shape: BenchShape, knobs: dict) -> _Buffers:
     first = shape.make_inputs(cp)
     set_bytes = sum(_nbytes(v) for v in first.values())
     rotate = max(1, min(MAX_ROTATE, math.ceil(L2_ROTATE_BYTES / max(set_bytes, 1))))
-    input_sets = [first] + [{k: _copy(cp, v) for k, v in first.items()} for _ in range(rotate - 1)]
     params = dict(shape.params)
-    outputs = verify.allocate_outputs(spec, first, params)
-    workspace = ops.workspace_for(spec, first, params, knobs=knobs)
-    path = ops.plan(spec, first, params, knobs=knobs).path
+    return _Buffers([first] + [{k: _copy(cp, v) for k, v in first.items()} for _ in range(rotate - 1)], params,
+                    verify.allocate_outputs(spec, first, params), ops.workspace_for(spec, first, params, knobs=knobs))
 
-    def launch(i: int) -> None:
-        ops.run(spec, input_sets[i], params, out=outputs, workspace=workspace, knobs=knobs)
+
+def _bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool, baselines: bool, knobs: dict) -> ShapeResult:
+    cp = runtime.cupy()
+    buffers = _buffers(cp, spec, shape, knobs)
+    first, params, rotate = buffers.input_sets[0], buffers.params, buffers.rotate
+    path = ops.plan(spec, first, params, knobs=knobs).path
+    launch = buffers.launcher(spec, knobs)
 
     eager = time_eager(cp, launch, rotate)
     small = graph and (eager.median_us < GRAPH_BELOW_US or kernel_us(cp, launch) < GRAPH_BELOW_US)
@@ -188,6 +215,102 @@ def _bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool, baselin
             if run_torch is not None:
                 result.torch_us = time_eager(cp, lambda i: run_torch(), 1, BASELINE_RUNS).median_us
     return result
+
+
+@dataclass
+class Comparison:
+    """One shape timed with kdt's kernels and with another build's (kdt bench --against), interleaved in rounds
+    on the same inputs: ratio = ours / theirs (below 1: ours is faster), per round, summarised."""
+
+    kernel: str
+    shape: str
+    against: str
+    mode: str                      # "graph" (replays of GRAPH_LAUNCHES launches) or "eager"
+    ours: Timing
+    theirs: Timing
+    ratio: float                   # median over rounds of (our round median / their round median)
+    ratio_p10: float
+    ratio_p90: float
+    rounds: int
+    path: str = ""
+
+
+COMPARE_ROUNDS = 12                # alternating rounds: drift of the GPU's clocks hits both builds alike
+COMPARE_RUNS = 20                  # timed runs per build and round
+
+
+def compare_shape(spec: StageSpec, shape: BenchShape, against: "Path", label: str, graph: bool = True,
+                  knobs: dict | None = None, rounds: int = COMPARE_ROUNDS) -> Comparison:
+    """Time `shape` with the current build and with the kernels built from the sources in `against`, alternating
+    round by round on the same inputs and outputs."""
+    try:
+        return _compare_shape(spec, shape, against, label, graph, dict(knobs or {}), rounds)
+    finally:
+        runtime.cupy().get_default_memory_pool().free_all_blocks()
+
+
+def _compare_shape(spec, shape, against, label, graph, knobs, rounds) -> Comparison:
+    cp = runtime.cupy()
+    buffers = _buffers(cp, spec, shape, knobs)
+    rotate = buffers.rotate
+    builds = {"ours": None, "theirs": against}
+    launches = {name: buffers.launcher(spec, knobs, where) for name, where in builds.items()}
+    small = graph and all(kernel_us(cp, launch) < GRAPH_BELOW_US for launch in launches.values())
+    if small:
+        captured = {name: _captured(cp, launch, GRAPH_LAUNCHES, rotate) for name, launch in launches.items()}
+        step = {name: (lambda s, g: lambda _: g.launch(s))(*captured[name]) for name in builds}
+        streams = {name: captured[name][0] for name in builds}
+        scale = GRAPH_LAUNCHES
+    else:
+        for launch in launches.values():
+            for i in range(WARMUP):
+                launch(i % rotate)
+        step = {name: (lambda launch: lambda i: launch(i % rotate))(launch) for name, launch in launches.items()}
+        streams = {name: cp.cuda.get_current_stream() for name in builds}
+        scale = 1
+    samples = {name: [] for name in builds}
+    ratios = []
+    for _ in range(rounds):
+        medians = {}
+        for name in builds:
+            times = [us / scale for us in _event_us(cp, streams[name], step[name], COMPARE_RUNS)]
+            samples[name] += times
+            medians[name] = statistics.median(times)
+        ratios.append(medians["ours"] / medians["theirs"])
+    spread = _summary(ratios)
+    path = ops.plan(spec, buffers.input_sets[0], buffers.params, knobs=knobs).path
+    return Comparison(spec.name, shape.name, label, "graph" if small else "eager", _summary(samples["ours"]),
+                      _summary(samples["theirs"]), spread.median_us, spread.p10_us, spread.p90_us, rounds, path)
+
+
+def sources_of(revision: str, repository: "Path", into: "Path") -> "Path":
+    """The kernel sources to compare with: a directory (its kernels/ folder, or itself), or a git revision of
+    `repository` exported into `into` (git archive REV kernels). BadInput naming --against otherwise."""
+    import subprocess
+    from pathlib import Path
+
+    from kdt.refs.errors import BadInput
+
+    given = Path(revision)
+    if given.is_dir():
+        found = given / "kernels" if (given / "kernels").is_dir() else given
+        if not any(found.glob("*.cu")):
+            raise BadInput("--against", "a git revision, or a directory of kernel sources (*.cu)", revision)
+        return found
+    try:
+        archive = subprocess.run(["git", "-C", str(repository), "archive", revision, "kernels"], capture_output=True,
+                                 timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise BadInput("--against", "a git revision of this checkout (git must run)", f"{revision} ({error})") from None
+    if archive.returncode != 0:
+        raise BadInput("--against", f"a git revision of {repository} that has kernels/, or a directory of sources",
+                       f"{revision} ({archive.stderr.decode(errors='replace').strip()[:200]})")
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(into, filter="data")
+    return into / "kernels"
 
 
 def _copy(cp, value):

@@ -18,16 +18,16 @@ import os
 import re
 import subprocess
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kdt import arches, toolkit
-from kdt.spec import StageSpec
+from kdt import arches, paths, toolkit
 
-# KDT_KERNELS_DIR points kdt at another tree of kernel sources (a fork under test, a broken one in tests).
-KERNELS_DIR = Path(os.environ.get("KDT_KERNELS_DIR") or Path(__file__).resolve().parents[1] / "kernels")
+KERNELS_DIR = paths.KERNELS
 NVCC_FLAGS = ("-cubin", "-O3", "-std=c++17", "-lineinfo", "-Werror", "all-warnings", "-Xptxas", "-v")
 COMPILE_TIMEOUT_S = 600
+
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 
@@ -64,12 +64,13 @@ def cache_dir() -> Path:
     return Path(root) / "cubins"
 
 
-def kernel_name(kernel: str | StageSpec) -> str:
-    return kernel.name if isinstance(kernel, StageSpec) else kernel
+def kernel_name(kernel) -> str:
+    """A kernel source's name: a stage spec's name, or the name itself."""
+    return kernel if isinstance(kernel, str) else kernel.name
 
 
-def source_path(kernel: str | StageSpec) -> Path:
-    return KERNELS_DIR / f"{kernel_name(kernel).replace('-', '_')}.cu"
+def source_path(kernel, kernels_dir: Path | None = None) -> Path:
+    return (kernels_dir or KERNELS_DIR) / f"{kernel_name(kernel).replace('-', '_')}.cu"
 
 
 def kernel_names() -> list[str]:
@@ -77,27 +78,29 @@ def kernel_names() -> list[str]:
     return sorted(path.stem.replace("_", "-") for path in KERNELS_DIR.glob("*.cu"))
 
 
-def _included_files(source: Path, seen: set[Path] | None = None) -> list[Path]:
-    """Headers reached through #include "..." from kernels/ or next to the including file."""
+def _included_files(source: Path, seen: set[Path] | None = None, root: Path | None = None) -> list[Path]:
+    """Headers reached through #include "..." from the kernels directory or next to the including file."""
     seen = set() if seen is None else seen
+    root = root or KERNELS_DIR
     found = []
     for name in INCLUDE.findall(source.read_text()):
-        for base in (source.parent, KERNELS_DIR):
+        for base in (source.parent, root):
             candidate = (base / name).resolve()
             if candidate.is_file() and candidate not in seen:
                 seen.add(candidate)
                 found.append(candidate)
-                found.extend(_included_files(candidate, seen))
+                found.extend(_included_files(candidate, seen, root))
                 break
     return found
 
 
-def cache_key(source: Path, arch: str, nvcc_version: str, flags: tuple[str, ...] = NVCC_FLAGS) -> str:
+def cache_key(source: Path, arch: str, nvcc_version: str, flags: tuple[str, ...] = NVCC_FLAGS,
+              kernels_dir: Path | None = None) -> str:
     digest = hashlib.sha256()
     for part in (source.name, source.read_bytes(), arch, nvcc_version, " ".join(flags)):
         digest.update(part if isinstance(part, bytes) else part.encode())
         digest.update(b"\0")
-    for header in sorted(_included_files(source)):
+    for header in sorted(_included_files(source, root=kernels_dir or KERNELS_DIR)):
         digest.update(header.name.encode() + b"\0" + header.read_bytes() + b"\0")
     return digest.hexdigest()[:32]
 
@@ -149,36 +152,65 @@ def exported_constants(cubin: Path) -> dict[str, int]:
     return constants
 
 
-def _read_report(path: Path) -> tuple[list[FunctionResources], dict[str, int]] | None:
+def _read_report(path: Path) -> dict | None:
     """A cached build's report, or None where it is missing or from an older kdt (then the kernel is rebuilt)."""
     try:
         report = json.loads(path.read_text())
-        return [FunctionResources(**item) for item in report["resources"]], dict(report["constants"])
+        report["resources"] = [FunctionResources(**item) for item in report["resources"]]
+        report["constants"] = dict(report["constants"])
+        str(report["sha256"])
+        return report
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def build(kernel: str | StageSpec, arch: str, nvcc: toolkit.Nvcc | None = None, force: bool = False) -> BuildResult:
-    """The cubin of `kernel` (a stage or another source under kernels/) for `arch`, from the cache or nvcc."""
+def _shared_mode() -> int:
+    """Cubins and reports are readable by the group and others whatever the umask (a cache shared between CI users);
+    writable as the umask allows."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o644 | (0o666 & ~mask)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _say(message: str) -> None:
+    from kdt.console import errors
+
+    errors.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+def build(kernel, arch: str, nvcc: toolkit.Nvcc | None = None, force: bool = False,
+          kernels_dir: Path | None = None) -> BuildResult:
+    """The cubin of `kernel` (a stage, or the name of another source under kernels/) for `arch`, from the cache
+    (checked against the digest recorded when it was built) or from nvcc. `kernels_dir` builds another tree of
+    sources (another revision's, for kdt bench --against)."""
     name = kernel_name(kernel)
-    source = source_path(name)
+    source = source_path(name, kernels_dir)
     if not source.is_file():
         raise BuildError(name, arch, f"no kernel source at {source}")
     nvcc = nvcc or toolkit.find_nvcc()
     if nvcc is None:
         raise toolkit.ToolkitMissing("nvcc not found (PATH, CUDA_HOME, cuda-pathfinder): cannot build kernels")
-    key = cache_key(source, arch, nvcc.version)
+    key = cache_key(source, arch, nvcc.version, kernels_dir=kernels_dir)
     directory = cache_dir()
     cubin = directory / f"{source.stem}.{arch}.{key}.cubin"
     report = cubin.with_suffix(".json")
     cached = _read_report(report) if cubin.is_file() and not force else None
     if cached is not None:
-        return BuildResult(name, arch, cubin, True, *cached)
+        if _digest(cubin) == cached["sha256"]:
+            return BuildResult(name, arch, cubin, True, cached["resources"], cached["constants"])
+        _say(f"kdt build: the cached {cubin.name} does not match the digest recorded when it was built (truncated or "
+             "overwritten): rebuilding it")
     directory.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{cubin.name}.", dir=directory)
     os.close(handle)
-    command = [str(nvcc.path), *NVCC_FLAGS, *arches.get(arch).nvcc_flags(), "-I", str(KERNELS_DIR), str(source),
+    command = [str(nvcc.path), *NVCC_FLAGS, *arches.get(arch).nvcc_flags(), "-I", str(source.parent), str(source),
                "-o", temporary]
+    _say(f"kdt build: compiling {name} for {arch} (nvcc; up to a minute for the largest kernels) ...")
+    started = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
         log = done.stdout + done.stderr
@@ -187,10 +219,14 @@ def build(kernel: str | StageSpec, arch: str, nvcc: toolkit.Nvcc | None = None, 
             raise BuildError(name, arch, "\n".join(messages).strip())
         resources = parse_ptxas(log)
         constants = exported_constants(Path(temporary))
+        digest = _digest(Path(temporary))
+        os.chmod(temporary, _shared_mode())
         os.replace(temporary, cubin)
-        _write_atomically(report, json.dumps({"resources": [asdict(r) for r in resources], "constants": constants}))
+        _write_atomically(report, json.dumps({"resources": [asdict(r) for r in resources], "constants": constants,
+                                              "sha256": digest}))
     finally:
         Path(temporary).unlink(missing_ok=True)
+    _say(f"kdt build: compiled {name} for {arch} in {time.perf_counter() - started:.0f} s")
     return BuildResult(name, arch, cubin, False, resources, constants)
 
 
@@ -199,6 +235,7 @@ def _write_atomically(path: Path, text: str) -> None:
     try:
         with os.fdopen(handle, "w") as out:
             out.write(text)
+        os.chmod(temporary, _shared_mode())
         os.replace(temporary, path)
     finally:
         Path(temporary).unlink(missing_ok=True)

@@ -29,6 +29,14 @@ def _package_version(name: str) -> str | None:
         return None
 
 
+def default_arch() -> str:
+    """The arch kdt builds for the first GPU present (sm_90a on an H200), else sm_120 (the primary target)."""
+    report = toolkit.gpu_report()
+    if report.gpus:
+        return arches.NATIVE.get(report.gpus[0].arch, report.gpus[0].arch)
+    return arches.DEFAULT
+
+
 def run_checks(arch: str = arches.DEFAULT, require_gpu: bool = False) -> list[Check]:
     checks = []
     for name in REQUIRED_PACKAGES:

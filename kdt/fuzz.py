@@ -35,19 +35,20 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from kdt import golden
+from kdt import golden, paths
 from kdt.dtypes import name as dtype_name
 from kdt.spec import Case, StageSpec
-from refs.errors import BadInput
+from kdt.refs.errors import BadInput
 
 DEFAULT_SHRINK_RUNS = 200
 DEFAULT_MAX_FAILURES = 3
 REGRESSIONS_SUBDIR = "regressions"
 
 
-def regressions_path(kernel: str, golden_dir: Path | str = "golden") -> Path:
-    """`golden/regressions/<kernel>.h5`: the cases fuzzing found, shrunk, kept as tests."""
-    return Path(golden_dir) / REGRESSIONS_SUBDIR / f"{kernel}.h5"
+def regressions_path(kernel: str, golden_dir: Path | str | None = None) -> Path:
+    """`<golden>/regressions/<kernel>.h5`: the cases fuzzing found, shrunk, kept as tests (golden_dir None: the
+    package's golden files, golden/ in a checkout)."""
+    return Path(paths.GOLDEN if golden_dir is None else golden_dir) / REGRESSIONS_SUBDIR / f"{kernel}.h5"
 
 
 def case_rng(seed: int, index: int) -> np.random.Generator:

@@ -4,6 +4,8 @@
       /<case>/              attrs: description, seed, and the stage's scalar parameters
       /<case>/inputs/<name>
       /<case>/expected/<name>   (bf16 stored as uint16 bits with attribute dtype="bfloat16")
+
+h5py is imported where a file is read or written, not with this module (kdt --help need not load it).
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-import h5py
 import numpy as np
 
 import kdt
+from kdt import paths
 from kdt.dtypes import from_storage, storage
 from kdt.spec import Arrays, Case, StageSpec
+from kdt.refs.errors import BadInput
 
 SCHEMA_VERSION = 1
 COMPRESS_ABOVE_BYTES = 64 * 1024
@@ -49,14 +52,23 @@ class GoldenFile:
     cases: list[GoldenCase]
 
 
-def default_path(golden_dir: Path | str, kernel: str) -> Path:
-    return Path(golden_dir) / f"{kernel}.h5"
+def default_path(golden_dir: Path | str | None, kernel: str) -> Path:
+    """golden_dir/<kernel>.h5; golden_dir None: the package's golden files (golden/ in a checkout), wherever kdt
+    runs from."""
+    return Path(paths.GOLDEN if golden_dir is None else golden_dir) / f"{kernel}.h5"
 
 
-def expected_for(spec: StageSpec, cases: Iterable[Case], progress: Callable[[], None] | None = None) -> list[GoldenCase]:
+def expected_for(spec: StageSpec, cases: Iterable[Case], progress: Callable[[], None] | None = None,
+                 source: Path | None = None) -> list[GoldenCase]:
+    """The reference's outputs for each case. Input the contract calls bad is BadInput naming the case (and the
+    file it came from, `source`) before the argument."""
     out = []
     for case in cases:
-        out.append(GoldenCase(case, spec.reference(case.inputs, case.params)))
+        try:
+            out.append(GoldenCase(case, spec.reference(case.inputs, case.params)))
+        except BadInput as error:
+            where = f"{source} case {case.name!r}" if source is not None else f"case {case.name!r}"
+            raise BadInput(f"{where}: {error.argument}", error.expected, error.actual) from None
         if progress:
             progress()
     return out
@@ -84,6 +96,7 @@ def _scalar_attr(value):
 def write(path: Path | str, spec: StageSpec, golden_cases: list[GoldenCase], inputs_only: bool = False) -> None:
     """Write the whole file to a temporary sibling, then rename it over `path`: a crash or a full disk
     leaves the old file intact and no half-written one."""
+    import h5py
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -135,6 +148,7 @@ def _attr_str(attrs, key, path) -> str:
 
 def read(path: Path | str, spec: StageSpec | None = None, expect_outputs: bool = True) -> GoldenFile:
     """Read and check a golden file; `spec` (the stage it must belong to) enables layout checks."""
+    import h5py
     path = Path(path)
     if not path.exists():
         raise GoldenError(path, "no such file (run `kdt gen-golden` to create it)")
@@ -163,6 +177,7 @@ def read(path: Path | str, spec: StageSpec | None = None, expect_outputs: bool =
 
 
 def _read_case(group, name: str, path: Path, spec: StageSpec | None, expect_outputs: bool) -> GoldenCase:
+    import h5py
     if not isinstance(group, h5py.Group) or "inputs" not in group:
         raise GoldenError(path, f"case {name!r} has no 'inputs' group")
     attrs = {key: (value.decode() if isinstance(value, bytes) else value) for key, value in group.attrs.items()}

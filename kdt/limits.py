@@ -14,7 +14,7 @@ from kdt import arches
 from kdt.build import BuildResult
 from kdt.launch.plan import ArraySpec, LaunchPlan, Target
 from kdt.spec import StageSpec
-from refs.errors import BadInput
+from kdt.refs.errors import BadInput
 
 
 @dataclass(frozen=True)

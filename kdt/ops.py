@@ -26,7 +26,7 @@ from kdt import runtime, stages
 from kdt.launch.common import run_plan
 from kdt.launch.plan import ArraySpec, LaunchPlan, Target, make_knobs
 from kdt.spec import OutputLayout, StageSpec
-from refs.errors import BadInput
+from kdt.refs.errors import BadInput
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,13 @@ def _plain(value):
     return value
 
 
+def verify_document(results: list[CaseResult]) -> dict:
+    """kdt verify's results as plain data: {"passed": every case passed, "cases": [each CaseResult]}."""
+    return {"passed": all(r.passed for r in results), "cases": [_plain(r) for r in results]}
+
+
 def verify_json(results: list[CaseResult]) -> str:
-    return json.dumps({"passed": all(r.passed for r in results), "cases": [_plain(r) for r in results]}, indent=2)
+    return json.dumps(verify_document(results), indent=2)
 
 
 def verify_junit(results: list[CaseResult]) -> str:

@@ -9,11 +9,12 @@ import importlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 from kdt import arches, build
 from kdt.launch.plan import Target
 from kdt.spec import StageSpec
-from refs.errors import BadInput
+from kdt.refs.errors import BadInput
 
 
 class GpuMissing(Exception):
@@ -39,36 +40,43 @@ def cupy():
 @dataclass(frozen=True)
 class Selection:
     """What this process runs on the GPU: an arch other than the GPU's own (an emulation target such as
-    sm_120-emu, or sm_90 for Hopper's portable build) and the multiprocessor count plans are made for (an emulated
-    GPU's). None: the GPU's own."""
+    sm_120-emu, or sm_90 for Hopper's portable build), the multiprocessor count plans are made for (an emulated
+    GPU's), and the kernel sources (another revision's, for kdt bench --against). None: the GPU's own, kdt's own."""
 
     arch: str | None = None
     multiprocessors: int | None = None
+    kernels_dir: Path | None = None
 
 
 _selection = Selection()
 
 
-def select(arch: str | None = None, multiprocessors: int | None = None) -> None:
-    """Run the kernels built for `arch` (it must run on this GPU) with plans made for `multiprocessors` SMs, for
-    the rest of the process (the commands' --arch and --sms). BadInput for an unknown arch or a count below 1."""
+def select(arch: str | None = None, multiprocessors: int | None = None, kernels_dir: Path | None = None) -> None:
+    """Run the kernels built for `arch` (it must run on this GPU) from the sources in `kernels_dir`, with plans made
+    for `multiprocessors` SMs, for the rest of the process (the commands' --arch and --sms). BadInput for an unknown
+    arch or a count below 1."""
     global _selection
     if arch is not None and arch not in arches.ARCHES:
         raise BadInput("--arch", "one of " + ", ".join(arches.names()), arch)
     if multiprocessors is not None and multiprocessors < 1:
         raise BadInput("--sms", "a multiprocessor count >= 1", multiprocessors)
-    _selection = Selection(arch, multiprocessors)
+    _selection = Selection(arch, multiprocessors, kernels_dir)
 
 
 @contextmanager
-def selected(arch: str | None = None, multiprocessors: int | None = None):
-    """`select` for the body of a with-statement (kdt bench times one shape on several arches this way)."""
+def selected(arch: str | None = None, multiprocessors: int | None = None, kernels_dir: Path | None = None):
+    """`select` for the body of a with-statement (kdt bench times one shape on several arches, or two builds, this
+    way)."""
     before = _selection
-    select(arch, multiprocessors)
+    select(arch, multiprocessors, kernels_dir)
     try:
         yield
     finally:
-        select(before.arch, before.multiprocessors)
+        select(before.arch, before.multiprocessors, before.kernels_dir)
+
+
+def current() -> Selection:
+    return _selection
 
 
 def gpu_arch() -> str:
@@ -117,13 +125,14 @@ def _module_for(kernel: str, arch: str, cubin: str):
 
 def load(kernel: str):
     """The kernel source's module for the current device and selection (a stage's name, or another source under
-    kernels/), built (or found in the cache) once per process and arch, so a launch costs no file hashing."""
-    return _load(kernel, device_arch())
+    kernels/), built (or found in the cache) once per process, arch and source tree, so a launch costs no file
+    hashing."""
+    return _load(kernel, device_arch(), _selection.kernels_dir)
 
 
 @cache
-def _load(kernel: str, arch: str):
-    result = build.build(kernel, arch)
+def _load(kernel: str, arch: str, kernels_dir: Path | None = None):
+    result = build.build(kernel, arch, kernels_dir=kernels_dir)
     try:
         return _module_for(kernel, result.arch, str(result.cubin))
     except Exception as error:  # a cubin the driver refuses: wrong arch, too new a toolkit
@@ -132,12 +141,12 @@ def _load(kernel: str, arch: str):
 
 def target(kernel: str) -> Target:
     """What launch plans for `kernel` on the current device and selection are made for."""
-    return _target(kernel, device_arch(), multiprocessors())
+    return _target(kernel, device_arch(), multiprocessors(), _selection.kernels_dir)
 
 
 @cache
-def _target(kernel: str, arch: str, count: int) -> Target:
-    return Target.make(arch, count, build.build(kernel, arch).constants)
+def _target(kernel: str, arch: str, count: int, kernels_dir: Path | None = None) -> Target:
+    return Target.make(arch, count, build.build(kernel, arch, kernels_dir=kernels_dir).constants)
 
 
 def launcher(spec: StageSpec):

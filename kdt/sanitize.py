@@ -184,6 +184,7 @@ def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
     env.setdefault("COLUMNS", "200")
     env["NO_COLOR"] = "1"
+    env.pop("GITHUB_STEP_SUMMARY", None)   # the parent reports; the verify runs inside must not append summaries
     return env
 
 

@@ -139,10 +139,20 @@ def verify_case(spec: StageSpec, item: golden.GoldenCase, max_diffs: int = 10, g
     return CaseResult(spec.name, case.name, case.description, all(f.ok for f in ordered), min(elapsed), ordered)
 
 
+def select_cases(spec: StageSpec, path: Path, pattern: str | None = None) -> list[golden.GoldenCase]:
+    """The cases of a golden file matching `pattern` (all where None); a file that is missing, truncated, foreign
+    or malformed is golden.GoldenError, found without a GPU."""
+    golden_file = golden.read(path, spec)
+    return [item for item in golden_file.cases if pattern is None or fnmatch.fnmatch(item.case.name, pattern)]
+
+
 def verify_file(spec: StageSpec, path: Path, pattern: str | None = None, max_diffs: int = 10,
                 graph: bool = False, progress=None, knobs: dict | None = None) -> list[CaseResult]:
-    golden_file = golden.read(path, spec)
-    selected = [item for item in golden_file.cases if pattern is None or fnmatch.fnmatch(item.case.name, pattern)]
+    return verify_cases(spec, select_cases(spec, path, pattern), max_diffs, graph, progress, knobs)
+
+
+def verify_cases(spec: StageSpec, selected: list[golden.GoldenCase], max_diffs: int = 10, graph: bool = False,
+                 progress=None, knobs: dict | None = None) -> list[CaseResult]:
     results = []
     for item in selected:
         started = time.perf_counter()
@@ -156,6 +166,12 @@ def verify_file(spec: StageSpec, path: Path, pattern: str | None = None, max_dif
         if progress:
             progress(time.perf_counter() - started)
     return results
+
+
+def environment_failure(kernel: str, error: Exception) -> CaseResult:
+    """What a report says for a kernel this machine could not run (no GPU, no nvcc, a compile error)."""
+    return CaseResult(kernel, "(environment)", "this machine cannot run the kernel", False, None, [],
+                      f"cannot run here: {type(error).__name__}: {error}")
 
 
 def verify_fresh(spec: StageSpec, case, max_diffs: int = 10, graph: bool = False,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from refs.errors import require, require_shape
+from .errors import require, require_shape
 
 MAX_K = 1024
 LOGIT_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16))

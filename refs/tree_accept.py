@@ -5,7 +5,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from refs.errors import BadInput, require, require_dtype, require_shape
+from .errors import BadInput, require, require_dtype, require_shape
 
 LOGIT_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16))
 NONE = -1

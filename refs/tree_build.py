@@ -6,7 +6,7 @@ import heapq
 
 import numpy as np
 
-from refs.errors import require, require_dtype, require_shape
+from .errors import require, require_dtype, require_shape
 
 MAX_BUDGET = 1023
 MAX_DEPTH = 64

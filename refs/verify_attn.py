@@ -5,7 +5,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from refs.errors import require, require_dtype, require_shape
+from .errors import require, require_dtype, require_shape
 
 PAGE_SIZE = 64
 MASK_BITS = 32

@@ -43,3 +43,10 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture(autouse=True)
+def _no_step_summary(monkeypatch):
+    """Under GitHub Actions the tests' own kdt runs must not append to the job's real step summary (the tests of the
+    summary set GITHUB_STEP_SUMMARY themselves)."""
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)

@@ -15,10 +15,11 @@ import pytest
 
 from kdt import arches, build, envcheck, limits, ops, runtime, stages
 from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchPlan, Target
-from refs.errors import BadInput
+from kdt.refs.errors import BadInput
 
 
 @pytest.mark.nvcc
+@pytest.mark.compile
 @pytest.mark.parametrize("kernel", stages.names())
 def test_the_emulation_builds_exactly_the_sm120_configuration(kernel):
     """sm_120-emu (sm_90 code with -DKDT_EMULATE_SM120) and sm_120: the same exported launch constants, the same
@@ -38,6 +39,7 @@ def test_the_emulation_builds_exactly_the_sm120_configuration(kernel):
 
 
 @pytest.mark.nvcc
+@pytest.mark.compile
 def test_the_emulation_differs_from_the_hopper_build():
     """The configuration really moves: verify-attn's 16-key tile and 99 KB budget, topk's 8-block clusters."""
     hopper, emulated = build.build("verify-attn", "sm_90"), build.build("verify-attn", "sm_120-emu")
@@ -47,6 +49,7 @@ def test_the_emulation_differs_from_the_hopper_build():
 
 
 @pytest.mark.nvcc
+@pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120", "sm_120-emu"])
 @pytest.mark.parametrize("kernel", stages.names())
 def test_every_cubin_is_within_its_arch_limits(kernel, arch):

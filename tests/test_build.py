@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kdt import build, stages, toolkit
@@ -36,6 +38,7 @@ def test_cache_key_follows_source_headers_arch_and_nvcc(tmp_path, monkeypatch):
 
 
 @pytest.mark.nvcc
+@pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
 @pytest.mark.parametrize("kernel", build.kernel_names())
 def test_every_kernel_compiles_without_warnings(kernel, arch):
@@ -52,6 +55,7 @@ def test_every_kernel_compiles_without_warnings(kernel, arch):
 
 
 @pytest.mark.nvcc
+@pytest.mark.compile
 def test_the_kernels_limits_are_the_contracts():
     """The limits each kernel exports equal the ones its stage spec checks (the contract's launcher limits)."""
     from kdt.stages import topk, tree_accept, tree_build, verify_attn
@@ -87,3 +91,56 @@ def test_compile_errors_name_file_and_line(tmp_path, monkeypatch):
 def test_unknown_arch_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="arch"):
         build.build("topk", "sm_7")
+
+
+TINY_KERNEL = 'extern "C" __constant__ int kdt_tiny_threads = 32;\nextern "C" __global__ void tiny(int* out) { out[threadIdx.x] = 1; }\n'
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    """A one-line kernel in its own sources and cache: compiles in a second."""
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / "tiny.cu").write_text(TINY_KERNEL)
+    monkeypatch.setattr(build, "KERNELS_DIR", kernels)
+    monkeypatch.setenv("KDT_CACHE_DIR", str(tmp_path / "cache"))
+    return kernels
+
+
+@pytest.mark.nvcc
+def test_a_corrupted_cache_entry_is_rebuilt_not_trusted(tiny, capsys):
+    first = build.build("tiny", "sm_90")
+    assert not first.cached and first.constants == {"kdt_tiny_threads": 32}
+    assert build.build("tiny", "sm_90").cached
+    first.cubin.write_bytes(first.cubin.read_bytes()[:100])          # truncated behind kdt's back
+    again = build.build("tiny", "sm_90")
+    assert not again.cached and again.cubin == first.cubin and again.constants == first.constants
+    assert "does not match the digest" in capsys.readouterr().err
+    assert build.build("tiny", "sm_90").cached
+
+
+@pytest.mark.nvcc
+def test_cached_files_are_readable_by_the_group(tiny):
+    result = build.build("tiny", "sm_90")
+    for path in (result.cubin, result.cubin.with_suffix(".json")):
+        assert path.stat().st_mode & 0o044 == 0o044, oct(path.stat().st_mode)
+
+
+@pytest.mark.nvcc
+def test_concurrent_builds_of_the_same_kernel_are_safe(tiny, tmp_path, root):
+    """Two processes build the same kernel into the same empty cache at once: both succeed, one cubin remains,
+    its report matches it, and no temporary is left behind."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; from kdt import build; build.KERNELS_DIR = Path(sys.argv[1]); "
+            "r = build.build('tiny', 'sm_90'); print(r.cubin)")
+    env = {**os.environ, "KDT_CACHE_DIR": str(tmp_path / "cache")}
+    processes = [subprocess.Popen([sys.executable, "-c", code, str(tiny)], cwd=root, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    assert all(p.returncode == 0 for p in processes), outputs
+    assert len({out.strip() for out, _ in outputs}) == 1
+    files = sorted(p.name for p in (tmp_path / "cache" / "cubins").iterdir())
+    assert len(files) == 2 and not any(name.startswith(".") for name in files), files
+    assert build.build("tiny", "sm_90").cached

@@ -287,7 +287,7 @@ def _attention_case(prefix=(70, 0, 130), heads=2, budget=15):
 
 
 def test_verify_attn_random_case_stays_within_the_brief():
-    from refs.verify_attn import validate
+    from kdt.refs.verify_attn import validate
 
     spec = stages.get("verify-attn")
     seen_b, seen_h = set(), set()

@@ -19,7 +19,7 @@ from tests.cli_run import run_kdt_cli
 
 from kdt import build, golden, runtime, stages, toolkit
 from kdt.spec import Case
-from refs.errors import BadInput
+from kdt.refs.errors import BadInput
 from tests.test_fuzz import run_kdt
 from tests.faults import fill_the_disk
 
@@ -189,7 +189,7 @@ def test_golden_dir_that_is_a_file(tmp_path, monkeypatch, capsys):
 # --- values and shapes the contract forbids, through `kdt gen-golden --inputs` ------------------------------
 
 def _tree_accept_with_logits(value):
-    from refs.tree_build import tree_build
+    from kdt.refs.tree_build import tree_build
 
     lp = np.array([[[-0.5, -1.0], [-0.25, -2.0]]], np.float32)
     tree = tree_build(lp, np.array([[[3, 4], [5, 6]]], np.int32), 3)
@@ -254,7 +254,22 @@ def test_forbidden_values_and_shapes_through_gen_golden_inputs(tmp_path, monkeyp
     text = words(err)
     assert code == 3, err
     assert f"{argument}: expected" in text and expected in text and "Traceback" not in err
+    assert f"case {case.name!r}" in text and "captured.h5" in text          # which file and which case
     assert not out_file.exists() and sorted(os.listdir(tmp_path)) == ["captured.h5"]
+
+
+def test_gen_golden_never_writes_over_its_inputs(tmp_path, monkeypatch, capsys, tree_build_cases):
+    """--out naming the --inputs file, directly or through a link, is refused before anything is read or written."""
+    captured = tmp_path / "captured.h5"
+    golden.write(captured, TREE_BUILD, [golden.GoldenCase(item.case, {}) for item in tree_build_cases],
+                 inputs_only=True)
+    before = captured.read_bytes()
+    link = tmp_path / "link.h5"
+    link.symlink_to(captured)
+    for out in (captured, link, tmp_path / "." / "captured.h5"):
+        code, _, err = run_kdt_cli(monkeypatch, capsys, "gen-golden", "--inputs", str(captured), "--out", str(out))
+        assert code == 3 and "--out" in err and "Traceback" not in err, err
+    assert captured.read_bytes() == before and link.is_symlink()
 
 
 @pytest.mark.parametrize("drop", ["input", "parameter"])

@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-import refs.tree_accept
+import kdt.refs.tree_accept as ref_tree_accept
 from kdt import pipeline
 from kdt.pipeline import PipelineConfig, PipelineResult
 from kdt.pipeline.acceptance import greedy
@@ -20,9 +20,9 @@ from kdt.pipeline.config import PROMPT_LEN, validate
 from kdt.pipeline.drafter import draft_logits
 from kdt.pipeline.step import GRAPH_STAGES, KDT_STAGES, STAGES, append_accepted, slot_contexts
 from kdt.pipeline.target import CLIP, HIDDEN, TargetModel
-from refs.errors import BadInput
-from refs.topk import topk
-from refs.tree_build import tree_build
+from kdt.refs.errors import BadInput
+from kdt.refs.topk import topk
+from kdt.refs.tree_build import tree_build
 
 SMALL = PipelineConfig(batch=3, budget=15, depth=4, topk=4, tokens=24, seed=1, backend="cpu", draft_quality=0.7,
                        vocab=256)
@@ -111,7 +111,7 @@ def test_same_seed_same_run_other_seed_other_text():
 
 def _off_by_one_bonus(monkeypatch, vocab: int) -> None:
     """A broken acceptance: the bonus token is the target's prediction plus one."""
-    real = refs.tree_accept.tree_accept
+    real = ref_tree_accept.tree_accept
 
     def broken(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -119,7 +119,7 @@ def _off_by_one_bonus(monkeypatch, vocab: int) -> None:
         out["accept_tokens"][rows, out["accept_len"]] = (out["accept_tokens"][rows, out["accept_len"]] + 1) % vocab
         return out
 
-    monkeypatch.setattr(refs.tree_accept, "tree_accept", broken)
+    monkeypatch.setattr(ref_tree_accept, "tree_accept", broken)
 
 
 def test_a_broken_acceptance_fails_the_lossless_check(monkeypatch):

@@ -9,7 +9,9 @@ from kdt import build, golden, ops, stages
 from kdt.dtypes import name as dtype_name
 from kdt.launch import topk as topk_launcher
 from kdt.launch.plan import ArraySpec, Target, make_knobs, parse_knob_options
-from refs.errors import BadInput
+from kdt.refs.errors import BadInput
+
+pytestmark = pytest.mark.compile   # plans are made from the real cubins' constants
 
 ARCHES = {"sm_90": (132, 227 * 1024, 16), "sm_120": (188, 99 * 1024, 8)}   # SMs, smem per block, largest cluster
 

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from kdt.dtypes import to_bf16
 from kdt.stages import topk as stage
 from kdt.stages._util import drafter_logits
-from refs.errors import BadInput
-from refs.topk import topk
+from kdt.refs.errors import BadInput
+from kdt.refs.topk import topk
 
 grid = st.sampled_from([3.0, 1.5, 0.0, -0.0, -0.5, -2.0, -np.inf])
 

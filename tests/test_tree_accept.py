@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kdt.stages import tree_accept as stage
-from refs.errors import BadInput
-from refs.tree_accept import tree_accept
+from kdt.refs.errors import BadInput
+from kdt.refs.tree_accept import tree_accept
 
 #       0
 #     /   \

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kdt.stages import tree_build as stage
-from refs.errors import BadInput
-from refs.tree_build import tree_build
+from kdt.refs.errors import BadInput
+from kdt.refs.tree_build import tree_build
 
 
 def brute_force(top_logp: np.ndarray, budget: int) -> list[tuple[int, int, np.float32]]:

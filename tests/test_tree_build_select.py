@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kdt.stages.tree_build import drafter_topk
-from refs.tree_build import build_one
+from kdt.refs.tree_build import build_one
 
 BINS = 2048                 # kernels/tree_build/layout.cuh: kBins
 BIN_LOW = 123 << 7          # bits 30..16 of 2^-4: kBinLow

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from refs.tree_build import tree_build
+from kdt.refs.tree_build import tree_build
 
 LANES = 32
 UNROLL = 4          # kSmallUnroll

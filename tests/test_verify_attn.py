@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from kdt.dtypes import to_bf16
 from kdt.stages import verify_attn as stage
-from refs.errors import BadInput
-from refs.verify_attn import PAGE_SIZE, unpack_mask, verify_attn
+from kdt.refs.errors import BadInput
+from kdt.refs.verify_attn import PAGE_SIZE, unpack_mask, verify_attn
 
 
 def small_inputs(seed=0, key_dim=8, d_v=4, heads=2, prefix=(70, 0), slots=5):

@@ -1,6 +1,7 @@
 """`kdt bench`: time kernels the way engines run them, against the machine's measured peaks and the baselines;
 `--sweep KNOB=a,b,c` times every shape at each value of a launch knob, `--arch A --arch B` on each arch (e.g. the
-sm_90a build and the sm_120 configuration emulated on the same H200), side by side in one run."""
+sm_90a build and the sm_120 configuration emulated on the same H200), side by side in one run; `--against REV` times
+another revision's kernels (or a directory of sources) against these, interleaved on the same inputs."""
 
 from __future__ import annotations
 
@@ -11,13 +12,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 
-from kdt import build, runtime, stages
-from kdt.commands.common import KnobOption, SmsOption, StagesArg, knobs_for, parse_arches
-from kdt.console import EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK, KdtExit, console
-from kdt.launch.plan import make_knobs
-from refs.errors import BadInput
+from kdt.commands.common import FormatOption, KnobOption, SmsOption, StagesArg, knobs_for, parse_arches
+from kdt.console import EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK, KdtExit, OutputFormat, Report, Sheet, styled
+from kdt.refs.errors import BadInput
 
 COLUMNS = ("shape", "path", "graph us", "eager us", "p10-p90 us", "GB/s", "% copy", "TFLOP/s", "% mma", "CPU ref us",
            "x CPU", "torch us", "x torch")
@@ -38,13 +37,24 @@ def command(kernels: list[str] = StagesArg,
                                                 help="time every shape at each of these values of one launch knob"),
             arch: Optional[list[str]] = typer.Option(None, "--arch", help="run the cubins of this arch (repeatable: "
                                                      "each shape on each, side by side; default: the GPU's own)"),
-            sms: Optional[int] = SmsOption):
+            sms: Optional[int] = SmsOption,
+            against: Optional[str] = typer.Option(None, "--against", metavar="REV|DIR",
+                                                  help="time the kernels of this git revision (or a directory of "
+                                                       "sources) against these, interleaved; --max-regression "
+                                                       "applies to the ratio"),
+            output: OutputFormat = FormatOption):
     """Time kernels (CUDA events, graph mode, rotated inputs) against the machine's measured peaks."""
-    from kdt import bench, peaks, report
+    from kdt import bench, build, peaks, report, runtime, stages
 
     specs = stages.select(kernels)
     fixed = knobs_for(specs, knob)
     points = _sweep_points(specs, sweep)
+    if against is not None:
+        if baseline is not None or plot_file is not None:
+            raise BadInput("--against", "no --baseline or --plot with it (it compares two builds in one run)",
+                           "both given")
+        raise typer.Exit(_against(specs, against, quick, shape, fixed, points, arch, sms, no_graph, max_regression,
+                                  json_file, output))
     before = None
     if baseline is not None:
         try:
@@ -52,7 +62,7 @@ def command(kernels: list[str] = StagesArg,
         except (OSError, ValueError) as error:
             raise BadInput("--baseline", "a JSON file written by kdt bench --json", f"{baseline} ({error})") from None
     if plot_file is not None and importlib.util.find_spec("matplotlib") is None:
-        raise KdtExit(EXIT_ENVIRONMENT, "--plot needs matplotlib: python3 -m pip install -e '.\\[plot]'")
+        raise KdtExit(EXIT_ENVIRONMENT, escape("--plot needs matplotlib: python3 -m pip install -e '.[plot]'"))
     runtime.cupy()
     runs = parse_arches(arch) if arch else [runtime.device_arch()]
     for name in runs:
@@ -60,19 +70,20 @@ def command(kernels: list[str] = StagesArg,
             for spec in specs:
                 build.build(spec, runtime.device_arch())
     machine = peaks.get()
-    console.print(f"peaks on {machine.gpu}: copy {machine.copy_gbps:,.0f} GB/s, matmul {machine.matmul_tflops:,.0f} "
-                  f"TFLOP/s ({machine.matmul_how})")
+    out = Report("bench", output)
+    out.say(escape(f"peaks on {machine.gpu}: copy {machine.copy_gbps:,.0f} GB/s, matmul {machine.matmul_tflops:,.0f} "
+                   f"TFLOP/s ({machine.matmul_how})"))
     results = []
     for spec in specs:
         if spec.bench_shapes is None:
-            console.print(f"{spec.name}: no benchmark shapes defined")
+            out.say(f"{spec.name}: no benchmark shapes defined")
             continue
         chosen = [s for s in spec.bench_shapes(quick) if shape is None or fnmatch.fnmatch(s.name, shape)]
-        table = Table(title=f"kdt bench {spec.name}: us per launch (graph mode is the headline)")
         sweep_name = sweep.partition("=")[0].strip() if sweep else None
         extra = (("arch",) if len(runs) > 1 else ()) + ((sweep_name,) if sweep_name else ())
-        for column in COLUMNS[:1] + extra + COLUMNS[1:]:
-            table.add_column(column, justify="left" if column in ("shape", "path", "arch") else "right")
+        columns = COLUMNS[:1] + extra + COLUMNS[1:]
+        table = Sheet(f"kdt bench {spec.name}: us per launch (graph mode is the headline)", columns,
+                      right=[c for c in columns if c not in ("shape", "path", "arch")])
         for item in chosen:
             for name in runs:
                 for point in points:
@@ -82,23 +93,81 @@ def command(kernels: list[str] = StagesArg,
                     results.append(r)
                     cells = ([r.arch] if len(runs) > 1 else []) + [str(value) for value in point.values()]
                     table.add_row(*_row(r, cells))
-        console.print(table)
+        out.table(table)
     if json_file:
         report.write_atomically(json_file, bench.results_json(results, machine))
     if plot_file:
         bench.plot(results, plot_file)
+    slower = bench.regressions(results, before, max_regression) if before is not None else []
+    document = json.loads(bench.results_json(results, machine))
     if before is not None:
-        slower = bench.regressions(results, before, max_regression)
+        document["regressions"] = [{"kernel": kernel, "shape": name, "baseline_us": old, "now_us": new}
+                                   for kernel, name, old, new in slower]
         for kernel, name, old, new in slower:
-            console.print(f"[red]regression[/] {kernel} {name}: {old:.2f} us -> {new:.2f} us (+{100 * (new / old - 1):.0f}%)")
-        if slower:
-            raise typer.Exit(EXIT_CHECK_FAILED)
-        console.print(f"no shape slower than the baseline by more than {max_regression:g}%")
-    raise typer.Exit(EXIT_OK)
+            out.say(f"[red]regression[/] {kernel} {escape(name)}: {old:.2f} us -> {new:.2f} us "
+                    f"(+{100 * (new / old - 1):.0f}%)")
+        if not slower:
+            out.say(f"no shape slower than the baseline by more than {max_regression:g}%")
+    out.document(document)
+    out.step_summary()
+    raise typer.Exit(EXIT_CHECK_FAILED if slower else EXIT_OK)
+
+
+def _against(specs, against: str, quick: bool, shape: Optional[str], fixed: dict, points: list[dict],
+             arch: Optional[list[str]], sms: Optional[int], no_graph: bool, max_regression: float,
+             json_file: Optional[Path], output: OutputFormat) -> int:
+    """kdt bench --against: each shape with these kernels and with the other build's, round by round."""
+    import dataclasses
+    import tempfile
+
+    from kdt import bench, build, paths, report, runtime
+
+    runtime.cupy()
+    runs = parse_arches(arch) if arch else [None]
+    out = Report("bench", output)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="kdt-against-") as scratch:
+        theirs = bench.sources_of(against, paths.PACKAGE.parent, Path(scratch))
+        out.say(escape(f"these kernels ({paths.KERNELS}) against {against} ({theirs}); ratio = ours / theirs, "
+                       f"median of {bench.COMPARE_ROUNDS} alternating rounds (p10-p90 of the rounds)"))
+        for spec in specs:
+            table = Sheet(f"kdt bench {spec.name} --against {against}",
+                          ("shape", *(("arch",) if arch else ()), *(("knob",) if points != [{}] else ()), "path",
+                           "mode", "ours us", "theirs us", "ratio", "p10-p90", "verdict"),
+                          right=("ours us", "theirs us", "ratio", "p10-p90"))
+            chosen = [s for s in spec.bench_shapes(quick) if shape is None or fnmatch.fnmatch(s.name, shape)]
+            for item in chosen:
+                for name in runs:
+                    for point in points:
+                        with runtime.selected(name, sms):
+                            build.build(spec, runtime.device_arch(), kernels_dir=theirs)
+                            c = bench.compare_shape(spec, item, theirs, against, graph=not no_graph,
+                                                    knobs={**fixed[spec.name], **point})
+                        results.append(c)
+                        slower = c.ratio > 1 + max_regression / 100
+                        verdict = styled("slower", "red") if slower else ("faster" if c.ratio < 1 - max_regression / 100
+                                                                          else "same")
+                        table.add_row(c.shape, *((name,) if arch else ()),
+                                      *(tuple(f"{k}={v}" for k, v in point.items()) if points != [{}] else ()),
+                                      c.path, c.mode, f"{c.ours.median_us:.2f}", f"{c.theirs.median_us:.2f}",
+                                      f"{c.ratio:.3f}", f"{c.ratio_p10:.3f}-{c.ratio_p90:.3f}", verdict)
+            out.table(table)
+    document = {"against": against, "max_regression_pct": max_regression,
+                "comparisons": [dataclasses.asdict(c) for c in results]}
+    if json_file:
+        report.write_atomically(json_file, json.dumps(document, indent=2))
+    slower = [c for c in results if c.ratio > 1 + max_regression / 100]
+    out.say(f"{len(results)} shapes, {len(slower)} slower than {against} by more than {max_regression:g}%")
+    out.document(document)
+    out.step_summary()
+    return EXIT_CHECK_FAILED if slower else EXIT_OK
 
 
 def _sweep_points(specs, sweep: Optional[str]) -> list[dict]:
     """--sweep KNOB=a,b,c -> [{KNOB: a}, {KNOB: b}, {KNOB: c}], each value checked against every stage's Knobs."""
+    from kdt import runtime
+    from kdt.launch.plan import make_knobs
+
     if sweep is None:
         return [{}]
     name, sep, values = sweep.partition("=")

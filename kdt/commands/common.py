@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from typing import Optional
 
+from typing import TYPE_CHECKING
+
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kdt import arches, runtime, stages
-from kdt.console import EXIT_ENVIRONMENT, KdtExit, errors
-from kdt.launch.plan import make_knobs, parse_knob_options
-from kdt.spec import StageSpec
-from refs.errors import BadInput
+from kdt import arches, stages
+from kdt.console import EXIT_ENVIRONMENT, KdtExit, OutputFormat, errors
+from kdt.refs.errors import BadInput
 
-KernelsArg = typer.Argument(None, help="kernels: " + ", ".join(stages.names()) + " (default: all)")
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from kdt.spec import StageSpec
+
+KernelsArg = typer.Argument(None, help="kernels: " + ", ".join(stages.available()) + " (default: all)")
 StagesArg = typer.Argument(..., help="a kernel name or 'all'")
 ArchOption = typer.Option(None, "--arch", help="target arch, repeatable (default: the GPU's, else sm_120)")
 RunArchOption = typer.Option(None, "--arch", help="run the cubins of this arch (default: the GPU's own; "
@@ -22,11 +26,15 @@ SmsOption = typer.Option(None, "--sms", min=1, help="make launch plans for a GPU
                                                     "(an emulated one: 70 for an RTX 5070 Ti, 188 for an RTX PRO 6000)")
 KnobOption = typer.Option(None, "--knob", metavar="NAME=VALUE",
                           help="a launch knob of the stage (repeatable; `kdt plan STAGE` lists them)")
+FormatOption = typer.Option(OutputFormat.table, "--format", case_sensitive=False,
+                            help="table (rich), markdown (GitHub tables on stdout) or json (one document on stdout)")
 
 
 def parse_arches(requested: Optional[list[str]]) -> list[str]:
     """The --arch values, checked; none given: the arch of the GPU present, else sm_120."""
     if not requested:
+        from kdt import runtime
+
         return runtime.default_arches()
     chosen = []
     for item in requested:
@@ -42,12 +50,17 @@ def parse_arches(requested: Optional[list[str]]) -> list[str]:
 def select_run(arch: Optional[str], sms: Optional[int]) -> None:
     """--arch / --sms of the commands that run kernels: which cubins run here, and for how many SMs plans are made
     (checked against this GPU when the first kernel loads)."""
+    from kdt import runtime
+
     runtime.select(arch, sms)
 
 
 def knobs_for(specs: list[StageSpec], items: Optional[list[str]]) -> dict[str, dict]:
     """--knob NAME=VALUE items -> {stage: knobs}, each checked against the stage's Knobs (BadInput otherwise). With
     several stages a knob must belong to every one of them."""
+    from kdt import runtime
+    from kdt.launch.plan import make_knobs, parse_knob_options
+
     given = parse_knob_options(items)
     if not given:
         return {spec.name: {} for spec in specs}
@@ -57,6 +70,8 @@ def knobs_for(specs: list[StageSpec], items: Optional[list[str]]) -> dict[str, d
 
 
 def progress() -> Progress:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=errors, transient=False)
 
@@ -64,7 +79,7 @@ def progress() -> Progress:
 def preflight(specs: list[StageSpec]) -> None:
     """Exit 2 before any case runs when this machine cannot run the kernels: no GPU (CuPy), a GPU of an arch kdt
     does not build for, no nvcc, a kernel that does not compile, a stage without a launcher."""
-    from kdt import build
+    from kdt import build, runtime
 
     runtime.cupy()
     arch = runtime.device_arch()

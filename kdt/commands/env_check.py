@@ -2,32 +2,34 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
-from rich.markup import escape
-from rich.table import Table
 
-from kdt import arches, envcheck
-from kdt.console import EXIT_CHECK_FAILED, EXIT_OK, console
-from refs.errors import BadInput
+from kdt import arches
+from kdt.commands.common import FormatOption
+from kdt.console import EXIT_CHECK_FAILED, EXIT_OK, OutputFormat, Report, Sheet, styled
+from kdt.refs.errors import BadInput
 
 
-def command(arch: str = typer.Option(arches.DEFAULT, help="target arch to check for"),
-            as_json: bool = typer.Option(False, "--json", help="print machine-readable JSON"),
-            require_gpu: bool = typer.Option(False, "--require-gpu", help="fail unless a GPU of --arch is present")):
+def command(arch: str = typer.Option(None, help="target arch to check for (default: the GPU's own, sm_90a on an "
+                                                 "H200; without a GPU sm_120)"),
+            as_json: bool = typer.Option(False, "--json", help="print machine-readable JSON (= --format json)"),
+            require_gpu: bool = typer.Option(False, "--require-gpu", help="fail unless a GPU of --arch is present"),
+            output: OutputFormat = FormatOption):
     """Check Python packages, nvcc (with a real probe compile), CuPy and the GPUs."""
-    if arch not in arches.ARCHES:
+    from kdt import envcheck
+
+    if arch is not None and arch not in arches.ARCHES:
         raise BadInput("--arch", "one of " + ", ".join(arches.names()), arch)
+    arch = arch or envcheck.default_arch()
+    if as_json and output is OutputFormat.markdown:
+        raise BadInput("--json", "no --format, or --format json (--json is its alias)", "--format markdown")
     checks = envcheck.run_checks(arch, require_gpu)
-    if as_json:
-        print(json.dumps(envcheck.as_json(checks), indent=2))
-    else:
-        table = Table(title=f"kdt env-check (target {arch})")
-        for column in ("check", "status", "finding", "fix"):
-            table.add_column(column, overflow="fold")
-        for check in checks:
-            status = "[green]ok[/]" if check.ok else ("[red]FAIL[/]" if check.required else "[yellow]missing[/]")
-            table.add_row(escape(check.name), status, escape(check.finding), escape(check.fix))
-        console.print(table)
+    out = Report("env-check", OutputFormat.json if as_json else output)
+    sheet = Sheet(f"kdt env-check (target {arch})", ("check", "status", "finding", "fix"))
+    for check in checks:
+        status = styled("ok", "green") if check.ok else (styled("FAIL", "red") if check.required
+                                                         else styled("missing", "yellow"))
+        sheet.add_row(check.name, status, check.finding, check.fix)
+    out.table(sheet)
+    out.document(envcheck.as_json(checks))
     raise typer.Exit(EXIT_OK if envcheck.passed(checks) else EXIT_CHECK_FAILED)

@@ -3,27 +3,32 @@ outputs for inputs captured from an engine."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from kdt import golden, stages
-from kdt.commands.common import KernelsArg, progress
-from kdt.console import EXIT_CHECK_FAILED, EXIT_OK, console
-from refs.errors import BadInput
+from kdt.commands.common import FormatOption, KernelsArg, progress
+from kdt.console import EXIT_CHECK_FAILED, EXIT_OK, OutputFormat, Report, Sheet
+from kdt.refs.errors import BadInput
 
 
 def command(kernels: Optional[list[str]] = KernelsArg,
-            golden_dir: Path = typer.Option(Path("golden"), "--golden-dir", help="where <kernel>.h5 live"),
+            golden_dir: Optional[Path] = typer.Option(None, "--golden-dir",
+                                                      help="where <kernel>.h5 live (default: the package's golden "
+                                                           "files, golden/ in a checkout)"),
             check: bool = typer.Option(False, "--check", help="regenerate in memory and report drift (exit 1)"),
             inputs: Optional[Path] = typer.Option(None, "--inputs", help="an inputs-only file captured from an engine"),
-            out: Optional[Path] = typer.Option(None, "--out", help="with --inputs: the golden file to write")):
+            out: Optional[Path] = typer.Option(None, "--out", help="with --inputs: the golden file to write"),
+            output: OutputFormat = FormatOption):
     """Generate the golden HDF5 files from the references (deterministic, atomic)."""
+    from kdt import golden, stages
+
+    report = Report("gen-golden", output)
     if inputs is not None or out is not None:
-        raise typer.Exit(_from_inputs(kernels, inputs, out))
+        raise typer.Exit(_from_inputs(kernels, inputs, out, report))
     specs = stages.select(kernels)
     fresh = {}
     with progress() as bar:
@@ -35,26 +40,45 @@ def command(kernels: Optional[list[str]] = KernelsArg,
             if not check:
                 golden.write(golden.default_path(golden_dir, spec.name), spec, fresh[spec.name])
     if not check:
-        for spec in specs:
-            path = golden.default_path(golden_dir, spec.name)
-            console.print(f"wrote {path} ({len(fresh[spec.name])} cases, {path.stat().st_size / 1e6:.1f} MB)")
+        _written(report, [(spec.name, golden.default_path(golden_dir, spec.name), len(fresh[spec.name]))
+                          for spec in specs])
         raise typer.Exit(EXIT_OK)
     drifts = [d for spec in specs for d in golden.drift(spec, golden.default_path(golden_dir, spec.name), fresh[spec.name])]
+    report.document({"ok": not drifts, "kernels": [spec.name for spec in specs],
+                     "drifts": [asdict(d) for d in drifts]})
     if not drifts:
-        console.print(f"[green]no drift[/]: {', '.join(s.name for s in specs)} match the references bit for bit")
-        raise typer.Exit(EXIT_OK)
-    table = Table(title="golden drift")
-    for column in ("kernel", "case", "item", "detail"):
-        table.add_column(column, overflow="fold")
-    for d in drifts:
-        table.add_row(*(escape(text) for text in (d.kernel, d.case, d.item, d.detail)))
-    console.print(table)
-    raise typer.Exit(EXIT_CHECK_FAILED)
+        report.say(f"[green]no drift[/]: {escape(', '.join(s.name for s in specs))} match the references bit for bit")
+    else:
+        sheet = Sheet("golden drift", ("kernel", "case", "item", "detail"))
+        for d in drifts:
+            sheet.add_row(d.kernel, d.case, d.item, d.detail)
+        report.table(sheet)
+        report.say(f"[red]{len(drifts)} drifting item(s)[/]: regenerate with kdt gen-golden, or find what changed")
+    report.step_summary()
+    raise typer.Exit(EXIT_CHECK_FAILED if drifts else EXIT_OK)
 
 
-def _from_inputs(kernels: Optional[list[str]], inputs: Optional[Path], out: Optional[Path]) -> int:
+def _written(report: Report, files: list[tuple[str, Path, int]], source: Optional[Path] = None) -> None:
+    """The write summary: one row a file written (the kernel, where, how many cases, its size)."""
+    sheet = Sheet("kdt gen-golden: written", ("kernel", "file", "cases", "MB") + (("from",) if source else ()),
+                  right=("cases", "MB"))
+    rows = []
+    for kernel, path, cases in files:
+        size = path.stat().st_size
+        sheet.add_row(kernel, str(path), str(cases), f"{size / 1e6:.1f}", *((str(source),) if source else ()))
+        rows.append({"kernel": kernel, "path": str(path), "cases": cases, "bytes": size,
+                     **({"inputs": str(source)} if source else {})})
+    report.table(sheet)
+    report.document({"ok": True, "written": rows})
+
+
+def _from_inputs(kernels: Optional[list[str]], inputs: Optional[Path], out: Optional[Path], report: Report) -> int:
+    from kdt import golden, stages
+
     if inputs is None or out is None:
         raise BadInput("--inputs/--out", "both, together", f"--inputs={inputs} --out={out}")
+    if out.resolve() == inputs.resolve() or (out.exists() and inputs.exists() and out.samefile(inputs)):
+        raise BadInput("--out", "a file other than --inputs (the captured inputs are never overwritten)", str(out))
     captured = golden.read(inputs, expect_outputs=False)
     if kernels and kernels != [captured.kernel]:
         raise BadInput("KERNEL", f"the file's own kernel {captured.kernel!r} (or none)", kernels)
@@ -70,7 +94,8 @@ def _from_inputs(kernels: Optional[list[str]], inputs: Optional[Path], out: Opti
             raise BadInput(f"{inputs} case {case.name!r}: {error.argument}", error.expected, error.actual) from None
     with progress() as bar:
         task = bar.add_task(f"{spec.name}: reference", total=len(captured.cases))
-        computed = golden.expected_for(spec, [item.case for item in captured.cases], lambda: bar.advance(task))
+        computed = golden.expected_for(spec, [item.case for item in captured.cases], lambda: bar.advance(task),
+                                       source=inputs)
     golden.write(out, spec, computed)
-    console.print(f"wrote {out} ({len(computed)} cases from {inputs})")
+    _written(report, [(spec.name, out, len(computed))], source=inputs)
     return EXIT_OK

@@ -10,15 +10,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
-from kdt import arches, build, golden, ops, runtime, stages
-from kdt.commands.common import KnobOption, knobs_for
-from kdt.console import EXIT_OK, console
-from kdt.dtypes import name as dtype_name
-from kdt.launch.plan import ArraySpec, Target, knob_help
-from refs.errors import BadInput
+from kdt import arches
+from kdt.commands.common import FormatOption, KnobOption, knobs_for
+from kdt.console import EXIT_OK, OutputFormat, Report, Sheet
+from kdt.refs.errors import BadInput
 
 
 def command(kernel: str = typer.Argument(..., help="a kernel name"),
@@ -30,17 +26,20 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
             sms: Optional[int] = typer.Option(None, "--sms", min=1, help="multiprocessors of the GPU planned for "
                                                                          "(default: the GPU's, else a typical one)"),
             knob: Optional[list[str]] = KnobOption,
-            json_file: Optional[Path] = typer.Option(None, "--json", help="write the plans as JSON")):
+            json_file: Optional[Path] = typer.Option(None, "--json", help="write the plans as JSON"),
+            output: OutputFormat = FormatOption):
     """Print the launch plans of a stage, and its knobs."""
+    from kdt import ops, runtime, stages
+    from kdt.launch.plan import knob_help
+
     spec = stages.get(kernel)
     knobs = knobs_for([spec], knob)[spec.name]
     target = _target(spec.name, arch, sms)
     items = _cases(spec, case, golden_file) if case is not None else _shapes(spec, shape)
-    table = Table(title=f"kdt plan {spec.name}: {target.arch}, {target.multiprocessors} SMs"
-                        + (f", knobs {', '.join(f'{k}={v}' for k, v in knobs.items())}" if knobs else ""))
-    for column in ("case" if case is not None else "shape", "path", "function", "grid", "block", "cluster",
-                   "smem B", "workspace B", "facts"):
-        table.add_column(column, overflow="fold")
+    table = Sheet(f"kdt plan {spec.name}: {target.arch}, {target.multiprocessors} SMs"
+                  + (f", knobs {', '.join(f'{k}={v}' for k, v in knobs.items())}" if knobs else ""),
+                  ("case" if case is not None else "shape", "path", "function", "grid", "block", "cluster",
+                   "smem B", "workspace B", "facts"))
     plans = []
     for name, inputs, params in items:
         plan = ops.plan_for(spec, inputs, params, target, knobs)
@@ -51,23 +50,29 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
             cells = ([row["function"], row["grid"], str(row["block"]), str(row["cluster"]), str(row["dynamic smem B"])]
                      if row else ["-"] * 5)
             table.add_row(name if first else "", plan.path if first else "", *cells,
-                          str(plan.workspace_bytes) if first else "", escape(facts) if first else "")
-    console.print(table)
-    help_table = Table(title=f"{spec.name} knobs (--knob NAME=VALUE; kdt bench --sweep NAME=A,B)")
-    help_table.add_column("knob")
-    help_table.add_column("what it changes (default)", overflow="fold")
-    for name, text in knob_help(runtime.launcher(spec).Knobs).items():
-        help_table.add_row(name, escape(text))
-    console.print(help_table)
+                          str(plan.workspace_bytes) if first else "", facts if first else "")
+    out = Report("plan", output)
+    out.table(table)
+    knob_texts = knob_help(runtime.launcher(spec).Knobs)
+    help_table = Sheet(f"{spec.name} knobs (--knob NAME=VALUE; kdt bench --sweep NAME=A,B)",
+                       ("knob", "what it changes (default)"))
+    for name, text in knob_texts.items():
+        help_table.add_row(name, text)
+    out.table(help_table)
+    document = {"arch": target.arch, "multiprocessors": target.multiprocessors, "knobs_set": knobs, "plans": plans,
+                "knobs": knob_texts}
+    out.document(document)
     if json_file:
         from kdt import report
 
-        report.write_atomically(json_file, json.dumps({"arch": target.arch, "multiprocessors": target.multiprocessors,
-                                                       "plans": plans}, indent=2, default=str))
+        report.write_atomically(json_file, json.dumps(document, indent=2, default=str))
     raise typer.Exit(EXIT_OK)
 
 
 def _target(kernel: str, arch: Optional[str], sms: Optional[int]) -> Target:
+    from kdt import build, runtime
+    from kdt.launch.plan import Target
+
     if arch is not None and arch not in arches.ARCHES:
         raise BadInput("--arch", "one of " + ", ".join(arches.names()), arch)
     here = arch is None and _has_gpu()
@@ -77,6 +82,8 @@ def _target(kernel: str, arch: Optional[str], sms: Optional[int]) -> Target:
 
 
 def _has_gpu() -> bool:
+    from kdt import runtime
+
     try:
         runtime.cupy()
         return True
@@ -85,6 +92,8 @@ def _has_gpu() -> bool:
 
 
 def _shapes(spec, pattern: Optional[str]):
+    from kdt.launch.plan import ArraySpec
+
     if spec.bench_shapes is None:
         return []
     for item in spec.bench_shapes(False):
@@ -93,7 +102,11 @@ def _shapes(spec, pattern: Optional[str]):
 
 
 def _cases(spec, pattern: str, golden_file: Optional[Path]):
-    path = golden_file or golden.default_path("golden", spec.name)
+    from kdt import golden
+    from kdt.dtypes import name as dtype_name
+    from kdt.launch.plan import ArraySpec
+
+    path = golden_file or golden.default_path(None, spec.name)
     found = [item.case for item in golden.read(path, spec).cases if fnmatch.fnmatch(item.case.name, pattern)]
     if not found:
         raise BadInput("--case", f"a pattern matching a case in {path}", pattern)

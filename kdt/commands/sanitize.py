@@ -7,51 +7,53 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
-from kdt import sanitize, stages, toolkit
+from kdt import sanitize, toolkit
 from kdt.commands import common
-from kdt.commands.common import KnobOption, RunArchOption, SmsOption, StagesArg
-from kdt.console import EXIT_ENVIRONMENT, EXIT_OK, console, errors
-from refs.errors import BadInput
+from kdt.commands.common import FormatOption, KnobOption, RunArchOption, SmsOption, StagesArg
+from kdt.console import EXIT_ENVIRONMENT, EXIT_OK, OutputFormat, Report, Sheet, errors, styled
+from kdt.refs.errors import BadInput
 
 _STATUS_STYLE = {"clean": "green", "findings": "red", "verify failed": "red", "timeout": "red", "crashed": "red",
                  "unsupported": "yellow", "environment": "yellow"}
 
 
-def _cell(result: sanitize.ToolResult) -> str:
+def _cell(result: sanitize.ToolResult) -> Text:
     status = result.status
     text = f"{result.finding_count} finding{'s' if result.finding_count != 1 else ''}" if status == "findings" else status
-    return f"[{_STATUS_STYLE[status]}]{text}[/] ({result.elapsed_s:.0f} s)"
+    return Text.assemble(styled(text, _STATUS_STYLE[status]), f" ({result.elapsed_s:.0f} s)")
 
 
-def _sanitize_table(kernels: list[str], tools: list[str], results: list[sanitize.ToolResult]) -> Table:
-    table = Table(title="kdt sanitize: compute-sanitizer findings per kernel and tool")
-    table.add_column("kernel")
-    for tool in tools:
-        table.add_column(tool)
-    table.add_column("verify inside")
+def _sanitize_table(kernels: list[str], tools: list[str], results: list[sanitize.ToolResult]) -> Sheet:
+    table = Sheet("kdt sanitize: compute-sanitizer findings per kernel and tool", ["kernel", *tools, "verify inside"])
     by_key = {(r.kernel, r.tool): r for r in results}
     for kernel in kernels:
         cells = [_cell(by_key[(kernel, tool)]) if (kernel, tool) in by_key else "-" for tool in tools]
         summaries = sorted({by_key[(kernel, t)].verify_summary for t in tools if (kernel, t) in by_key} - {""})
-        table.add_row(kernel, *cells, escape(" / ".join(summaries)))
+        table.add_row(kernel, *cells, " / ".join(summaries))
     return table
 
 
-def _print_sanitize_details(result: sanitize.ToolResult, limit: int = 10) -> None:
+def _report_details(out: Report, result: sanitize.ToolResult, limit: int = 10) -> None:
     if result.clean:
         return
     where = f" (log: {result.log_path})" if result.log_path else ""
-    console.print(f"[{_STATUS_STYLE[result.status]}]{result.kernel} / {result.tool}: {result.status}[/]{escape(where)}")
+    out.say(f"[{_STATUS_STYLE[result.status]}]{result.kernel} / {result.tool}: {result.status}[/]{escape(where)}")
     shown = result.findings[:limit]
-    for line in shown:
-        console.print(f"  {escape(line)}")
-    if len(result.findings) > limit:
-        console.print(f"  ... {len(result.findings) - limit} more")
+    out.verbatim(shown + ([f"... {len(result.findings) - limit} more"] if len(result.findings) > limit else []))
     if not shown:  # a crash, a timeout, a verify failure: the end of the log says why
-        for line in result.log.strip().splitlines()[-15:]:
-            console.print(f"  | {escape(line)}")
+        out.verbatim(result.log.strip().splitlines()[-15:], prefix="  | ")
+
+
+def _result_json(result: sanitize.ToolResult) -> dict:
+    """A ToolResult as plain data: its status and findings; of the log only the end, where nothing was found."""
+    return {"kernel": result.kernel, "tool": result.tool, "status": result.status, "returncode": result.returncode,
+            "elapsed_s": result.elapsed_s, "errors": result.errors, "hazards": result.hazards,
+            "race_errors": result.race_errors, "race_warnings": result.race_warnings, "findings": result.findings,
+            "verify_passed": result.verify_passed, "verify_failed": result.verify_failed,
+            "log_path": None if result.log_path is None else str(result.log_path), "command": result.command,
+            "log_tail": [] if result.clean or result.findings else result.log.strip().splitlines()[-15:]}
 
 
 def command(kernels: list[str] = StagesArg,
@@ -64,8 +66,10 @@ def command(kernels: list[str] = StagesArg,
                      timeout: float = typer.Option(sanitize.DEFAULT_TIMEOUT_S, "--timeout", min=1,
                                                    help="seconds allowed per kernel and tool"),
                      knob: Optional[list[str]] = KnobOption, arch: Optional[str] = RunArchOption,
-                     sms: Optional[int] = SmsOption):
+                     sms: Optional[int] = SmsOption, output: OutputFormat = FormatOption):
     """`kdt verify` under compute-sanitizer memcheck, racecheck, initcheck and synccheck; exit 1 on any finding."""
+    from kdt import stages
+
     tools = list(dict.fromkeys(tool or sanitize.TOOLS))
     for name in tools:
         if name not in sanitize.TOOLS:
@@ -83,19 +87,22 @@ def command(kernels: list[str] = StagesArg,
         errors.print(f"{name} on {kernel} ...")
 
     def finished(result: sanitize.ToolResult) -> None:
-        errors.print(f"{result.tool} on {result.kernel}: {_cell(result)}")
+        errors.print(f"{result.tool} on {result.kernel}:", _cell(result))
 
     names = [spec.name for spec in specs]
     results = sanitize.run_sanitize(names, tools, sanitizer=sanitizer, case=case, timeout_s=timeout,
                                     keep_logs=keep_logs, on_start=started, on_result=finished,
                                     knobs=knob or (), arch=arch, sms=sms)
-    console.print(_sanitize_table(names, tools, results))
+    out = Report("sanitize", output)
+    out.table(_sanitize_table(names, tools, results))
     for result in results:
-        _print_sanitize_details(result)
+        _report_details(out, result)
     code = sanitize.exit_code(results)
     if code == EXIT_ENVIRONMENT:
-        console.print("[yellow]compute-sanitizer could not check every kernel on this machine[/] "
-                      "(unsupported device or runtime, or no GPU): nothing was found, nothing was proven")
+        out.say("[yellow]compute-sanitizer could not check every kernel on this machine[/] "
+                "(unsupported device or runtime, or no GPU): nothing was found, nothing was proven")
     elif code == EXIT_OK:
-        console.print(f"clean: {', '.join(names)} under {', '.join(tools)}")
+        out.say(f"clean: {', '.join(names)} under {', '.join(tools)}")
+    out.document({"ok": code == EXIT_OK, "exit_code": code, "kernels": names, "tools": tools,
+                  "results": [_result_json(result) for result in results]})
     raise typer.Exit(code)

@@ -21,7 +21,7 @@ from typing import Mapping
 
 import numpy as np
 
-from refs.errors import BadInput
+from kdt.refs.errors import BadInput
 
 NULL = np.uint64(0)   # a null pointer argument (a buffer the launch never touches)
 

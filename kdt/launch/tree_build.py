@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchPlan, Target, knob
-from refs.errors import BadInput
+from kdt.refs.errors import BadInput
 
 PREFIX = "kdt_tree_build_"
 SLOTS_PER_LANE = (1, 2, 4, 8, 16, 32)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import refs.tree_accept as ref_tree_accept
+import kdt.refs.tree_accept as ref_tree_accept
 
 
 def greedy(xp, logits):

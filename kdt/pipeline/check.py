@@ -10,8 +10,8 @@ from typing import Callable
 
 import numpy as np
 
-import refs.topk as ref_topk
-import refs.tree_build as ref_tree_build
+import kdt.refs.topk as ref_topk
+import kdt.refs.tree_build as ref_tree_build
 from kdt.pipeline import acceptance
 from kdt.pipeline.config import PipelineConfig
 from kdt.pipeline.drafter import draft_logits
@@ -19,7 +19,7 @@ from kdt.pipeline.result import StageClock, StageTiming
 from kdt.pipeline.step import slot_contexts
 from kdt.pipeline.target import TargetModel
 from kdt.stages.topk import LOGP_ATOL as TOPK_LOGP_ATOL
-from refs.errors import BadInput
+from kdt.refs.errors import BadInput
 
 
 def check_step(config: PipelineConfig, model: TargetModel, step: int, committed: np.ndarray,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import refs.topk as ref_topk
-import refs.tree_build as ref_tree_build
-from refs.errors import require
+import kdt.refs.topk as ref_topk
+import kdt.refs.tree_build as ref_tree_build
+from kdt.refs.errors import require
 
 BACKENDS = ("gpu", "cpu")
 PROMPT_LEN = 8            # random prompt tokens per request (>= 3: the target reads the last three)

@@ -7,8 +7,8 @@ import platform
 
 import numpy as np
 
-import refs.topk as ref_topk
-import refs.tree_build as ref_tree_build
+import kdt.refs.topk as ref_topk
+import kdt.refs.tree_build as ref_tree_build
 from kdt.pipeline import acceptance
 from kdt.pipeline.config import PROMPT_LEN, PipelineConfig
 from kdt.pipeline.drafter import draft_logits

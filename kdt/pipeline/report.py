@@ -52,34 +52,29 @@ def result_json(result: PipelineResult) -> str:
 
 
 def summary_tables(result: PipelineResult):
-    """Two rich tables: what was decoded and checked, and the time of each stage per step."""
-    from rich.table import Table
+    """Two tables (kdt.console.Sheet): what was decoded and checked, and the time of each stage per step."""
+    from kdt.console import Sheet, styled
 
     config = result.config
     gpu = config.backend == "gpu"
     title = (f"kdt pipeline on {result.device}: G={config.batch} B={config.budget} K={config.depth} V={config.topk} "
              f"vocab={config.vocab} quality={config.draft_quality:g} seed={config.seed}")
-    numbers = Table(title=title, show_header=False)
-    numbers.add_column("what")
-    numbers.add_column("value", justify="right")
+    numbers = Sheet(title, ("what", "value"), right=("value",), show_header=False)
     numbers.add_row("requests", str(config.batch))
     numbers.add_row("tokens generated", f"{result.tokens_generated} ({config.tokens} per request)")
     numbers.add_row("steps (batched target calls)", str(result.steps))
     numbers.add_row("mean accepted length (bonus excluded)", f"{result.mean_accept_len:.3f} of {config.depth}")
     numbers.add_row("tokens per target call", f"{result.tokens_per_target_call:.3f}")
-    numbers.add_row("lossless (= the target's greedy decoding)", "[green]yes[/]" if result.lossless else "[red]NO[/]")
+    numbers.add_row("lossless (= the target's greedy decoding)",
+                    styled("yes", "green") if result.lossless else styled("NO", "red"))
     if gpu:
         numbers.add_row("every GPU output = the references'",
-                        "[green]yes[/]" if not result.disagreements else "[red]NO[/]")
+                        styled("yes", "green") if not result.disagreements else styled("NO", "red"))
 
-    stages = Table(title="time per step, ms (median over steps)" +
-                   ("; GPU stages replayed from CUDA graphs" if gpu else "; the numpy references"))
-    stages.add_column("stage")
-    stages.add_column("kind")
-    stages.add_column("GPU ms" if gpu else "CPU ms", justify="right")
-    if gpu:
-        stages.add_column("CPU reference ms", justify="right")
-        stages.add_column("x CPU", justify="right")
+    timed = ["GPU ms", "CPU reference ms", "x CPU"] if gpu else ["CPU ms"]
+    stages = Sheet("time per step, ms (median over steps)" +
+                   ("; GPU stages replayed from CUDA graphs" if gpu else "; the numpy references"),
+                   ["stage", "kind", *timed], right=timed)
 
     def row(label: str, kind: str, ms: float | None, reference: float | None = None) -> None:
         cells = [label, kind, "-" if ms is None else f"{ms:.3f}"]

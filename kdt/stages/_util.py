@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from refs.errors import BadInput
+from kdt.refs.errors import BadInput
 
 
 def drafter_logits(rng: np.random.Generator, groups: int, depth: int, vocab: int,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-import refs.topk as reference
+import kdt.refs.topk as reference
 from kdt.compare import AbsTol, Exact
 from kdt.dtypes import to_bf16
 from kdt.spec import Case, OutputLayout, StageSpec
 from kdt.stages._util import drafter_logits, require_layout
-from refs.errors import BadInput
+from kdt.refs.errors import BadInput
 
 LOGP_ATOL = 1e-5
 MAX_VOCAB = 262144

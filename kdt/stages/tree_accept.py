@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-import refs.tree_accept as reference
+import kdt.refs.tree_accept as reference
 from kdt.compare import Exact
 from kdt.dtypes import to_bf16
 from kdt.spec import Case, OutputLayout, StageSpec
 from kdt.stages._util import require_layout, require_same
 from kdt.stages.tree_build import drafter_topk
-from refs.errors import BadInput
-from refs.tree_build import tree_build
+from kdt.refs.errors import BadInput
+from kdt.refs.tree_build import tree_build
 
 TREE_INPUTS = ("token", "first_child", "next_sibling")
 TARGET_VOCAB = 50000

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-import refs.tree_build as reference
+import kdt.refs.tree_build as reference
 from kdt.compare import Exact
 from kdt.spec import Case, OutputLayout, StageSpec
 from kdt.stages._util import drafter_logits, require_layout, require_same
-from refs.errors import BadInput
-from refs.topk import topk
+from kdt.refs.errors import BadInput
+from kdt.refs.topk import topk
 
 OUTPUTS = ("n_nodes", "parent", "depth", "token", "rank", "logw", "first_child", "next_sibling", "mask")
 DRAFT_VOCAB = 4096

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-import refs.verify_attn as reference
+import kdt.refs.verify_attn as reference
 from kdt.compare import AbsTol, RowScaledTol
 from kdt.dtypes import to_bf16
 from kdt.spec import Case, OutputLayout, StageSpec
 from kdt.stages._util import require_layout, require_same
 from kdt.stages.tree_build import drafter_topk
-from refs.errors import BadInput
-from refs.tree_build import mask_words, tree_build
+from kdt.refs.errors import BadInput
+from kdt.refs.tree_build import mask_words, tree_build
 
 KEY_DIM = 576    # MLA latent (512) + rope (64)
 VALUE_DIM = 512
@@ -225,7 +225,7 @@ def bench_shapes(quick: bool):
     if quick:
         return headline
     grid = [shape(g, h, n, p) for g, h, n, p in [
-        (1, 8, 8, 1024), (1, 16, 64, 8192), (1, 64, 64, 32768), (1, 16, 256, 131072),
+        (1, 8, 8, 1024), (1, 8, 16, 8192), (1, 16, 64, 8192), (1, 64, 64, 32768), (1, 16, 256, 131072),
         (8, 16, 64, 8192), (8, 64, 8, 32768), (8, 64, 256, 8192), (8, 8, 64, 131072),
         (32, 8, 8, 1024), (32, 16, 8, 8192), (32, 64, 64, 1024), (32, 8, 256, 32768)]]
     return headline + grid
