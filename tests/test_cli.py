@@ -22,6 +22,36 @@ def test_help_lists_the_commands(root):
         assert command in done.stdout
 
 
+def test_version_and_short_help(root):
+    import kdt as package
+
+    done = kdt("--version", cwd=root)
+    assert done.returncode == 0 and done.stdout.strip() == f"kdt {package.__version__}"
+    for args in (("-h",), ("verify", "-h"), ("bench", "-h")):
+        done = kdt(*args, cwd=root)
+        assert done.returncode == 0 and "Usage" in done.stdout, args
+
+
+def test_a_misspelt_stage_gets_a_suggestion(root, tmp_path):
+    done = kdt("gen-golden", "tree_accept", "--check", "--golden-dir", str(tmp_path), cwd=root)
+    assert done.returncode == 3 and "did you mean 'tree-accept'?" in " ".join(done.stderr.split())
+
+
+def test_golden_files_resolve_against_the_package_not_the_working_directory(root, tmp_path):
+    done = kdt("gen-golden", "tree-build", "--check", cwd=tmp_path)
+    assert done.returncode == 0 and "no drift" in done.stdout
+
+
+def test_env_check_targets_the_gpu_present(monkeypatch):
+    from kdt import envcheck, toolkit
+
+    gpu = toolkit.Gpu(0, "NVIDIA H200", "sm_90", 140.0, 132)
+    monkeypatch.setattr(toolkit, "gpu_report", lambda: toolkit.GpuReport("14", None, "13.0", "13.0", [gpu], None))
+    assert envcheck.default_arch() == "sm_90a"
+    monkeypatch.setattr(toolkit, "gpu_report", lambda: toolkit.GpuReport(None, "no CuPy", None, None, [], None))
+    assert envcheck.default_arch() == "sm_120"
+
+
 def test_env_check_json(root):
     done = kdt("env-check", "--json", cwd=root)
     report = json.loads(done.stdout)
@@ -94,3 +124,12 @@ def test_inputs_out_roundtrip(root, tmp_path):
     assert golden.drift(spec, tmp_path / "out.h5", fresh) == []
     half = kdt("gen-golden", "--inputs", str(tmp_path / "in.h5"), cwd=root)
     assert half.returncode == 3 and "--inputs/--out" in half.stderr
+
+
+def test_arches_take_commas_and_repeats_once():
+    from kdt.commands.common import parse_arches
+    from kdt.refs.errors import BadInput
+
+    assert parse_arches(["sm_90a,sm_120", "sm_120", " sm_120-emu "]) == ["sm_90a", "sm_120", "sm_120-emu"]
+    with pytest.raises(BadInput, match="--arch"):
+        parse_arches(["sm_90a,sm_7"])

@@ -411,6 +411,28 @@ def test_no_gpu(no_cupy, monkeypatch, capsys, args):
     assert "Traceback" not in err
 
 
+def test_verify_without_a_gpu_checks_the_golden_file_and_writes_its_reports(no_cupy, monkeypatch, capsys, tmp_path,
+                                                                            tree_build_cases):
+    """No GPU: a broken --golden is still found (exit 1, named); a good one gets exit 2 and --json / --junit reports
+    that say why, so a CI collector has something to show."""
+    broken = tmp_path / "broken.h5"
+    broken.write_bytes(b"not hdf5")
+    code, out, err = run_kdt_cli(monkeypatch, capsys, "verify", "tree-build", "--golden", str(broken))
+    assert code == 1 and "golden file error" in err and "Traceback" not in err
+    good = tmp_path / "good.h5"
+    golden.write(good, TREE_BUILD, tree_build_cases)
+    report, junit = tmp_path / "verify.json", tmp_path / "verify.xml"
+    code, out, err = run_kdt_cli(monkeypatch, capsys, "verify", "tree-build", "--golden", str(good), "--json",
+                                 str(report), "--junit", str(junit))
+    assert code == 2 and "cannot run here" in err
+    import json
+
+    document = json.loads(report.read_text())
+    assert not document["passed"] and document["cases"][0]["case"] == "(environment)"
+    assert "CuPy is not importable" in document["cases"][0]["error"]
+    assert "<error" in junit.read_text() and "(environment)" in junit.read_text()
+
+
 @pytest.mark.parametrize("args", [("fuzz", "topk", "--cases", "1"), ("sanitize", "topk")], ids=["fuzz", "sanitize"])
 def test_no_gpu_fuzz_and_sanitize(no_cupy, monkeypatch, capsys, args):
     from kdt import sanitize
