@@ -10,6 +10,7 @@ run: the CPU reference, and the obvious PyTorch version where PyTorch is install
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -164,10 +165,7 @@ class _Buffers:
     def launcher(self, spec: StageSpec, knobs: dict, kernels_dir=None) -> Callable[[int], None]:
         """launch(i): one call on input set i (with the kernels built from `kernels_dir`, if given)."""
         def launch(i: int) -> None:
-            if kernels_dir is None:
-                ops.run(spec, self.input_sets[i], self.params, out=self.outputs, workspace=self.workspace, knobs=knobs)
-                return
-            with runtime.selected(runtime.current().arch, runtime.current().multiprocessors, kernels_dir):
+            with runtime.sources(kernels_dir) if kernels_dir is not None else contextlib.nullcontext():
                 ops.run(spec, self.input_sets[i], self.params, out=self.outputs, workspace=self.workspace, knobs=knobs)
         return launch
 

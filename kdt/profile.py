@@ -33,7 +33,6 @@ import fnmatch
 import glob
 import os
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -73,31 +72,10 @@ _BYTES = re.compile(r"^(|K|M|G|T|Ki|Mi|Gi)(?:byte|B)(?:/.*)?$")
 
 # --- finding ncu ----------------------------------------------------------------------------------------------
 
-def _ncu_in(root: Path) -> list[Path]:
-    """ncu in a CUDA toolkit (or Nsight Compute) root: bin/ncu, then its nsight-compute*/ncu, newest first."""
-    found = [root / "bin" / "ncu", root / "ncu"]
-    found += sorted((Path(p) for p in glob.glob(str(root / "nsight-compute*" / "ncu"))), reverse=True)
-    return found
-
-
 def find_ncu() -> Path | None:
-    """ncu next to nvcc (kdt.toolkit.find_nvcc) or in that toolkit's nsight-compute folder, on PATH, under
-    CUDA_HOME / CUDA_PATH, in /usr/local/cuda, or in a standalone Nsight Compute under /opt/nvidia."""
-    roots: list[Path] = []
-    nvcc = toolkit.find_nvcc()
-    if nvcc is not None:
-        roots += [nvcc.path.parent.parent, nvcc.path.resolve().parent.parent]
-    candidates = [path for root in roots for path in _ncu_in(root)]
-    on_path = shutil.which("ncu")
-    if on_path:
-        candidates.append(Path(on_path))
-    roots = [Path(os.environ[v]) for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)] + [Path("/usr/local/cuda")]
-    candidates += [path for root in roots for path in _ncu_in(root)]
-    candidates += sorted((Path(p) for p in glob.glob("/opt/nvidia/nsight-compute/*/ncu")), reverse=True)
-    for candidate in dict.fromkeys(candidates):
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    """ncu next to nvcc or in that toolkit's nsight-compute folder, on PATH, under CUDA_HOME / CUDA_PATH, in
+    /usr/local/cuda, or in a standalone Nsight Compute under /opt/nvidia."""
+    return toolkit.find_cuda_tool("ncu", folders=("nsight-compute*",), elsewhere=("/opt/nvidia/nsight-compute/*/ncu",))
 
 
 # --- what to profile ------------------------------------------------------------------------------------------

@@ -79,9 +79,24 @@ def current() -> Selection:
     return _selection
 
 
+@contextmanager
+def sources(kernels_dir: Path | None):
+    """The current selection with the kernels built from `kernels_dir` (another revision's, for kdt bench
+    --against), for the body of a with-statement."""
+    with selected(_selection.arch, _selection.multiprocessors, kernels_dir):
+        yield
+
+
+@cache
+def _gpu(device_id: int) -> tuple[str, int]:
+    """(compute capability as an arch name, multiprocessors) of a device: asked once, as every launch needs them."""
+    device = cupy().cuda.Device(device_id)
+    return f"sm_{device.compute_capability}", int(device.attributes["MultiProcessorCount"])  # CuPy: "90" for 9.0
+
+
 def gpu_arch() -> str:
     """The current GPU's compute capability as an arch name (sm_90 for 9.0)."""
-    return f"sm_{cupy().cuda.Device().compute_capability}"  # CuPy gives "90" for 9.0
+    return _gpu(cupy().cuda.Device().id)[0]
 
 
 def device_arch() -> str:
@@ -115,7 +130,7 @@ def multiprocessors() -> int:
     """The multiprocessor count plans are made for: the selected one, else the GPU's."""
     if _selection.multiprocessors is not None:
         return _selection.multiprocessors
-    return int(cupy().cuda.Device().attributes["MultiProcessorCount"])
+    return _gpu(cupy().cuda.Device().id)[1]
 
 
 @cache

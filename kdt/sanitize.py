@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -118,32 +117,7 @@ class ToolResult:
 def find_sanitizer() -> Path | None:
     """compute-sanitizer next to nvcc (or in the toolkit's compute-sanitizer/ folder), on PATH, under
     CUDA_HOME / CUDA_PATH, in /usr/local/cuda, or where cuda-pathfinder finds it."""
-    candidates: list[Path] = []
-    nvcc = toolkit.find_nvcc()
-    if nvcc is not None:
-        for bin_dir in dict.fromkeys([nvcc.path.parent, nvcc.path.resolve().parent]):
-            candidates += [bin_dir / "compute-sanitizer", bin_dir.parent / "compute-sanitizer" / "compute-sanitizer"]
-    on_path = shutil.which("compute-sanitizer")
-    if on_path:
-        candidates.append(Path(on_path))
-    for variable in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(variable):
-            root = Path(os.environ[variable])
-            candidates += [root / "bin" / "compute-sanitizer", root / "compute-sanitizer" / "compute-sanitizer"]
-    candidates += [Path("/usr/local/cuda/bin/compute-sanitizer"),
-                   Path("/usr/local/cuda/compute-sanitizer/compute-sanitizer")]
-    try:
-        from cuda.pathfinder import find_nvidia_binary_utility
-
-        found = find_nvidia_binary_utility("compute-sanitizer")
-        if found:
-            candidates.append(Path(found))
-    except Exception:  # cuda-pathfinder missing, or unable to look
-        pass
-    for candidate in candidates:
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    return toolkit.find_cuda_tool("compute-sanitizer", folders=("compute-sanitizer",))
 
 
 def command(sanitizer: Path | str, kernel: str, tool: str, report: Path | str, case: str | None = None,

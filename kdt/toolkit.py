@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -45,6 +46,40 @@ def find_nvcc() -> Nvcc | None:
             version = nvcc_version(Path(location))
             if version:
                 return Nvcc(Path(location), how, version)
+    return None
+
+
+def find_cuda_tool(name: str, folders: tuple[str, ...] = (), elsewhere: tuple[str, ...] = ()) -> Path | None:
+    """A CUDA toolkit executable (compute-sanitizer, ncu): in the bin/ next to nvcc or in the `folders` (glob
+    patterns, newest first) of that toolkit, on PATH, under CUDA_HOME / CUDA_PATH or /usr/local/cuda likewise, at
+    the `elsewhere` globs (a standalone install), or where cuda-pathfinder finds it. None where it is nowhere."""
+    def inside(root: Path) -> list[Path]:
+        found = [root / "bin" / name, root / name]
+        for folder in folders:
+            found += sorted((Path(p) for p in glob.glob(str(root / folder / name))), reverse=True)
+        return found
+
+    nvcc = find_nvcc()
+    roots = list(dict.fromkeys([nvcc.path.parent.parent, nvcc.path.resolve().parent.parent])) if nvcc else []
+    candidates = [path for root in roots for path in inside(root)]
+    on_path = shutil.which(name)
+    if on_path:
+        candidates.append(Path(on_path))
+    roots = [Path(os.environ[v]) for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)] + [Path("/usr/local/cuda")]
+    candidates += [path for root in roots for path in inside(root)]
+    for pattern in elsewhere:
+        candidates += sorted((Path(p) for p in glob.glob(pattern)), reverse=True)
+    try:
+        from cuda.pathfinder import find_nvidia_binary_utility
+
+        found = find_nvidia_binary_utility(name)
+        if found:
+            candidates.append(Path(found))
+    except Exception:  # cuda-pathfinder missing, or unable to look
+        pass
+    for candidate in dict.fromkeys(candidates):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
     return None
 
 

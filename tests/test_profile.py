@@ -171,11 +171,11 @@ def test_ncu_command_line_for_a_golden_case():
 
 
 def test_find_ncu_next_to_nvcc_or_in_the_nsight_compute_folder(tmp_path, monkeypatch):
-    monkeypatch.setattr(profile.shutil, "which", lambda name: None)
+    monkeypatch.setattr(toolkit.shutil, "which", lambda name: None)
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
-    real_glob = profile.glob.glob   # only this test's folders: a real toolkit on the machine must not answer
-    monkeypatch.setattr(profile.glob, "glob", lambda pattern: real_glob(pattern) if pattern.startswith(str(tmp_path))
+    real_glob = toolkit.glob.glob   # only this test's folders: a real toolkit on the machine must not answer
+    monkeypatch.setattr(toolkit.glob, "glob", lambda pattern: real_glob(pattern) if pattern.startswith(str(tmp_path))
                         else [])
     monkeypatch.setattr(toolkit, "find_nvcc", lambda: None)
     real_is_file = Path.is_file

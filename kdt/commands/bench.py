@@ -135,12 +135,15 @@ def _against(specs, against: str, quick: bool, shape: Optional[str], fixed: dict
                           ("shape", *(("arch",) if arch else ()), *(("knob",) if points != [{}] else ()), "path",
                            "mode", "ours us", "theirs us", "ratio", "p10-p90", "verdict"),
                           right=("ours us", "theirs us", "ratio", "p10-p90"))
+            for name in runs:   # both builds once, before any timing (a compile error is exit 2, named)
+                with runtime.selected(name, sms):
+                    build.build(spec, runtime.device_arch())
+                    build.build(spec, runtime.device_arch(), kernels_dir=theirs)
             chosen = [s for s in spec.bench_shapes(quick) if shape is None or fnmatch.fnmatch(s.name, shape)]
             for item in chosen:
                 for name in runs:
                     for point in points:
                         with runtime.selected(name, sms):
-                            build.build(spec, runtime.device_arch(), kernels_dir=theirs)
                             c = bench.compare_shape(spec, item, theirs, against, graph=not no_graph,
                                                     knobs={**fixed[spec.name], **point})
                         results.append(c)
