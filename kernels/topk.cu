@@ -18,8 +18,9 @@
 //   kdt_topk_general_{f32,bf16}        general path, any V <= 1024 (topk/radix.cuh): exact radix select.
 //
 // Launch shape and limits
-//   small:    grid R*S (block b -> row b / S, split b % S), 256 threads, ~41 KB static smem + dynamic
-//             kdt_topk_small_stage_bytes (sm_90: 32 KB cp.async ring; sm_120: 0); S <= 128, S*VT <= 2048.
+//   small:    grid R*S (block b -> row b / S, split b % S), 256 threads, static smem (sm_90 ~41 KB, sm_120 ~30 KB)
+//             + dynamic kdt_topk_small_stage_bytes (sm_90: 32 KB cp.async ring; sm_120: 0, register loads);
+//             S <= 128, S*VT <= kdt_topk_merge_cap (sm_90 2048, sm_120 1024).
 //             Workspace (S > 1): u32 counter[R] | float2 stats[R][S] | uint2 cand[R][S][VT], each part padded to
 //             256 bytes; the counters are left zero (graph-replayable).
 //   cluster:  as small with __cluster_dims__(kdt_topk_cluster_size) (16 on sm_90, non-portable; 8 on sm_120).

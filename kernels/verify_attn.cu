@@ -10,27 +10,29 @@
 //   out 0, lse -inf.
 //
 // Entry points
-//   kdt_verify_attn_fwd      a CTA = 64 query rows (r = slot*H + head) of one request; it streams the request's
+//   kdt_verify_attn_fwd      a CTA = ROWS query rows (r = slot*H + head) of one request; it streams the request's
 //                            keys once, in tiles of KV_T, with an online softmax in fp32. sm_90a: warp-specialised
-//                            wgmma pipeline (verify_attn/mainloop_wgmma.cuh); sm_90 / sm_100 / sm_120: mma.sync
-//                            (verify_attn/mainloop_mma.cuh). num_splits > 1 (flash-decoding): split s takes key
+//                            wgmma pipeline (verify_attn/mainloop_wgmma.cuh); sm_90 / sm_100: mma.sync with Q in
+//                            smem (verify_attn/mainloop_mma.cuh); sm_120 (99 KB): mma.sync with Q in registers
+//                            (verify_attn/mainloop_qreg.cuh). num_splits > 1 (flash-decoding): split s takes key
 //                            tiles [s*per, (s+1)*per) and writes normalised partials to the workspace.
 //   kdt_verify_attn_combine  merges the split partials through their lse (only when num_splits > 1).
 //
 // Launch shape
-//   fwd:     grid (ceil(N*H/64), G, num_splits), block 256, 1 CTA per SM, dynamic smem kdt_verify_attn_smem_bytes:
-//            230912 B on sm_90 / sm_100 (Q 72 KB + 2 key tiles of 64 tokens + P 8 KB + row stats), 230952 B on
-//            sm_90a (+ 5 mbarriers), 95744 B on sm_120 (one 18 KB tile of 16 tokens: under the 99 KB limit).
+//   fwd:     grid (ceil(N*H/ROWS), G, num_splits), block 256, 1 CTA per SM, dynamic smem kdt_verify_attn_smem_bytes:
+//            ROWS = 64: 230912 B on sm_90 / sm_100 (Q 72 KB + 2 key tiles of 64 tokens + P 8 KB + row stats),
+//            230952 B on sm_90a (+ 5 mbarriers); ROWS = 32 on sm_120: 92832 B (a ring of 4 key tiles of 16 tokens +
+//            the S exchange 16 KB + P 2 KB + row stats + 4 mbarriers; Q in registers).
 //   combine: grid (ceil(N*H/2), G), block 256 (4 warps per row), no smem.
 //   num_splits comes from shapes only (graph capturable); the workspace carries nothing between launches.
 //
 // Memory traffic
-//   Keys: every query tile of a request reads all its prefix + tree keys once, ceil(N*H/64) * (prefix + N) *
-//   1152 B per request (HBM once, L2 for the other query tiles). Q 72 KB per CTA; out N*H*Dv*4 (or 2) B; lse
-//   N*H*4 B; split partials num_splits * G * ceil(N*H/64) * 64 * 513 * 4 B, written once and read once.
+//   Keys: every query tile of a request reads all its prefix + tree keys once, ceil(N*H/ROWS) * (prefix + N) *
+//   1152 B per request (HBM once, L2 for the other query tiles). Q ROWS * 1152 B per CTA; out N*H*Dv*4 (or 2) B;
+//   lse N*H*4 B; split partials num_splits * G * ceil(N*H/ROWS) * ROWS * 513 * 4 B, written once and read once.
 //
 // Limits
-//   Dqk = 576 and Dv = 512 only (the launcher rejects others). Page size 64. N*H <= 2^31/64 rows per request,
+//   Dqk = 576 and Dv = 512 only (the launcher rejects others). Page size 64. N*H <= 2^31/ROWS rows per request,
 //   G <= 65535 (grid y), any prefix the block table holds.
 //
 // Design, proofs (swizzles, mbarrier parities), SASS figures and timings: plans/kernels/verify-attn.md.
@@ -39,6 +41,9 @@
 
 #include "verify_attn/config.cuh"
 #include "verify_attn/mainloop_mma.cuh"
+#if defined(KDT_SMEM_99KB)
+#include "verify_attn/mainloop_qreg.cuh"  // its tiles and roles exist only in the 99 KB configuration
+#endif
 #include "verify_attn/mainloop_wgmma.cuh"
 
 // Launch constants: kdt build reads them from the cubin, kdt/launch/verify_attn.py plans with them.
@@ -56,7 +61,7 @@ extern "C" __constant__ int kdt_verify_attn_combine_rows = va::COMBINE_ROWS;
 extern "C" __constant__ int kdt_verify_attn_wgmma = va::WGMMA ? 1 : 0;
 
 // num_splits == 1: writes out / lse. num_splits > 1: writes part_o [S][G][Rpad][512] (normalised) and
-// part_lse [S][G][Rpad] (natural log, -inf = no contribution), Rpad = gridDim.x * 64.
+// part_lse [S][G][Rpad] (natural log, -inf = no contribution), Rpad = gridDim.x * ROWS.
 extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
     kdt_verify_attn_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ kv_cache,
                         const int* __restrict__ block_table, const int* __restrict__ prefix_len,
@@ -70,6 +75,8 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
     const int tid = threadIdx.x;  // read here: only the kernel's own read carries its launch bounds
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     va::attend_wgmma(p, smem, tid);
+#elif defined(KDT_SMEM_99KB)
+    va::attend_qreg(p, smem, tid);
 #else
     va::attend_mma(p, smem, tid);
 #endif

@@ -41,9 +41,11 @@ def test_the_emulation_builds_exactly_the_sm120_configuration(kernel):
 @pytest.mark.nvcc
 @pytest.mark.compile
 def test_the_emulation_differs_from_the_hopper_build():
-    """The configuration really moves: verify-attn's 16-key tile and 99 KB budget, topk's 8-block clusters."""
+    """The configuration really moves: verify-attn's 32-row CTA, 16-key tiles and 99 KB budget, topk's 8-block
+    clusters."""
     hopper, emulated = build.build("verify-attn", "sm_90"), build.build("verify-attn", "sm_120-emu")
     assert emulated.constants["kdt_verify_attn_kv_tile"] == 16 and hopper.constants["kdt_verify_attn_kv_tile"] == 64
+    assert emulated.constants["kdt_verify_attn_rows"] == 32 and hopper.constants["kdt_verify_attn_rows"] == 64
     assert emulated.constants["kdt_verify_attn_smem_bytes"] <= 99 * 1024 < hopper.constants["kdt_verify_attn_smem_bytes"]
     assert build.build("topk", "sm_120-emu").constants["kdt_topk_cluster_size"] == 8
 

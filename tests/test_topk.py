@@ -204,3 +204,30 @@ def test_kernel_resident_cluster_blocks_rank_their_own_ties(bf16, resident_shape
     case = stage._case(f"resident_ties_{'bf16' if bf16 else 'f32'}", "one block of tied maxima", 8, 8,
                        to_bf16(logits) if bf16 else logits)
     _case_passes(case, f"resident-{resident_shape}", _resident_knobs(resident_shape))
+
+
+# sm_120's per-SM budget (RTX PRO 6000, RTX 5070 Ti) and the small path's blocks per SM there
+# (kernels/topk/config.cuh: SMALL_MIN_BLOCKS; plans/kernels/topk.md, "Configuration")
+SM120_SMEM_PER_SM = 100 * 1024
+SM120_RESERVED_SMEM_PER_BLOCK = 1024
+SM120_REGISTERS_PER_SM = 64 * 1024
+SMALL_BLOCKS_PER_SM = 3
+
+
+@pytest.mark.nvcc
+@pytest.mark.compile
+def test_the_sm120_small_path_keeps_three_blocks_per_sm():
+    """Without a cp.async ring, three small-path blocks fit an sm_120 SM: their static shared memory, the dynamic
+    stage bytes and the system's 1 KB per block within 100 KB, their registers within 64K (the limits gate checks
+    one block; this is what the sm_120 configuration's launch bounds and plans count on)."""
+    from kdt import build
+
+    result = build.build("topk", "sm_120")
+    stage_bytes = result.constants["kdt_topk_small_stage_bytes"]
+    threads = result.constants["kdt_topk_small_threads"]
+    small = [r for r in result.resources if r.function.startswith(("kdt_topk_small_", "kdt_topk_cluster_"))]
+    assert len(small) == 24
+    for r in small:
+        block_smem = r.shared_bytes + stage_bytes + SM120_RESERVED_SMEM_PER_BLOCK
+        assert SMALL_BLOCKS_PER_SM * block_smem <= SM120_SMEM_PER_SM, (r.function, r.shared_bytes)
+        assert SMALL_BLOCKS_PER_SM * threads * r.registers <= SM120_REGISTERS_PER_SM, (r.function, r.registers)

@@ -35,7 +35,7 @@ RESIDENT_SHAPES = ("wide", "narrow")
 @dataclass(frozen=True)
 class Knobs:
     blocks_per_sm: int = knob(3, "small path: resident blocks per SM the split aims for (256 threads, <= 80 "
-                                 "registers, 74 KB smem on sm_90)")
+                                 "registers; 74 KB smem on sm_90, 30 KB on sm_120)")
     many_rows_waves: int = knob(2, "small path, rows >= one wave of blocks: waves of blocks in all (swept on the "
                                    "H200: 2 beats 4 and 8)")
     min_chunk: int = knob(8192, "small path: the fewest columns per block (fewer, fatter blocks for few rows)")

@@ -1,9 +1,10 @@
 """Launch plan for `kernels/verify_attn.cu` (stage `verify-attn`): MLA tree-verify attention over a paged prefix.
 
-  kdt_verify_attn_fwd      grid (ceil(N*H/64), G, splits), 256 threads, kdt_verify_attn_smem_bytes of dynamic smem
+  kdt_verify_attn_fwd      grid (ceil(N*H/rows), G, splits), 256 threads, kdt_verify_attn_smem_bytes of dynamic smem
+                           (rows = kdt_verify_attn_rows: 64, or 32 on the sm_120 configuration)
   kdt_verify_attn_combine  grid (ceil(N*H/combine_rows), G), combine_threads threads; only when splits > 1
 
-Split (flash-decoding): when G * ceil(N*H/64) CTAs cannot fill the GPU, the key tiles of each request are split
+Split (flash-decoding): when G * ceil(N*H/rows) CTAs cannot fill the GPU, the key tiles of each request are split
 over `splits` CTAs (grid z) that write normalised partials and their lse to the workspace, and the combine kernel
 merges them. `splits` is a function of the shapes and the multiprocessor count only (the per-split tile ranges
 follow the actual prefix_len on the device). The workspace carries nothing between launches: the combine reads

@@ -1,6 +1,7 @@
 // kernels/common/ptx.cuh -- the PTX wrappers the kernels share: shared-window addresses, async copies into shared
-// memory (per-thread cp.async and the bulk-copy engine), shared-memory loads, stores and atomics, named barriers,
-// the fast exponential and packed bf16 arithmetic. Device-only, header-only, __forceinline__.
+// memory (per-thread cp.async and the bulk-copy engine) and bulk L2 prefetches, shared-memory loads, stores and
+// atomics, named barriers, the fast exponential and packed bf16 arithmetic. Device-only, header-only,
+// __forceinline__.
 //
 // Every inline `asm` of the kernels lives in kernels/common/ (this file, cluster.cuh, mbarrier.cuh, mma.cuh,
 // wgmma.cuh), so each instruction's contract is written down once.
@@ -77,6 +78,11 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 __device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+// `bytes` (a multiple of 16, `src` 16-byte aligned) of global memory fetched into L2 by the bulk-copy engine, no
+// completion to wait for: a later load of them hits L2. A hint: it orders nothing, so no "memory" clobber.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes));
 }
 // generic-proxy shared-memory writes (cp.async, st.shared, mbarrier.init) -> visible to the async proxy (bulk
 // copies, wgmma operand reads)

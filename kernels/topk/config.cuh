@@ -25,26 +25,36 @@ constexpr int SMALL_WARPS = SMALL_THREADS / 32;
 constexpr int SMALL_U = 4;                    // 16-byte loads in flight per thread and step
 constexpr int SMALL_USTRIDE = 32;             // vectors between a thread's U vectors of one step (a warp-wide row)
 constexpr int SMALL_MAX_V = 32;
-constexpr int SMALL_CAPW = 384;               // per-warp candidate buffer entries
-// SMALL_STAGES: steps in the cp.async ring of dynamic shared memory (0: loads go to registers). sm_90: 2 stages
-// (32 KB; 3 blocks of 74 KB fit the 227 KB of an SM). sm_120 (~100 KB of shared memory per SM, where the ring
-// would cost a resident block) keeps the register loads.
+// Per arch (the small path's shared memory and loads, the row cluster size):
+// SMALL_STAGES: steps in the cp.async ring of dynamic shared memory (0: loads go to registers).
+// SMALL_L2_WARMUP: without a ring, steps 1 .. SMALL_L2_WARMUP are prefetched into L2 with step 0's loads (bulk
+// prefetches: no registers, no shared memory).
+// SMALL_CAPW: per-warp candidate buffer entries; MERGE_CAP: S * VT <= MERGE_CAP (the shared-memory merge buffer).
 // ROW_CLUSTER: blocks per row of the cluster path and of the wide resident shape: 8 is the portable cluster size;
 // sm_90 runs 16-block clusters (non-portable: the launcher opts the functions in).
 #if defined(KDT_SM120_CONFIG) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000)   // sm_100 takes sm_120's
+// ~100 KB of shared memory per SM: no room for a ring next to 3 blocks, and 3 blocks of register loads (24 warps
+// per SM) beat 2 with a register prefetch. 3 x (<= 30 KB of static shared memory + the 1 KB the system reserves
+// per block) fit with the smaller candidate and merge buffers below; <= 80 registers.
 constexpr int SMALL_STAGES = 0;
-constexpr int SMALL_MIN_BLOCKS = 2;           // what its shared memory holds: 128 registers per thread
+constexpr int SMALL_MIN_BLOCKS = 3;
+constexpr int SMALL_L2_WARMUP = 3;
+constexpr int SMALL_CAPW = 320;
+constexpr int MERGE_CAP = 1024;
 constexpr int ROW_CLUSTER = 8;
 #else
+// 227 KB of shared memory per SM: 3 blocks of 74 KB (41.2 KB static + the 32 KB ring), <= 80 registers
 constexpr int SMALL_STAGES = 2;
-constexpr int SMALL_MIN_BLOCKS = 3;           // 80 registers per thread
+constexpr int SMALL_MIN_BLOCKS = 3;
+constexpr int SMALL_L2_WARMUP = 0;
+constexpr int SMALL_CAPW = 384;
+constexpr int MERGE_CAP = 2048;
 constexpr int ROW_CLUSTER = 16;
 #endif
 constexpr int SMALL_STAGE_BYTES = SMALL_STAGES * SMALL_U * SMALL_THREADS * VEC_BYTES;
 constexpr int SMALL_RING = SMALL_STAGES > 0 ? SMALL_STAGES : 1;    // modulus of the slot index
 constexpr int MAX_SPLITS = 128;
 constexpr int MAX_CLUSTER = 16;
-constexpr int MERGE_CAP = 2048;               // S * VT <= MERGE_CAP (shared-memory merge buffer)
 // Cluster path: block 0's receive slots for the lists lie at s_k/s_i[RECV_BASE ..] (past the block's own warp
 // lists), those for the statistics at s_m/s_s[SMALL_WARPS ..].
 constexpr int RECV_BASE = 8 * 32;             // SMALL_WARPS * SMALL_MAX_V
@@ -57,6 +67,7 @@ static_assert(RECV_BASE == SMALL_WARPS * SMALL_MAX_V && RECV_BASE + MAX_CLUSTER 
 static_assert(SMALL_WARPS + MAX_CLUSTER <= MAX_SPLITS, "cluster statistics slots inside s_m/s_s");
 static_assert(ROW_CLUSTER <= MAX_CLUSTER, "cluster receive slots");
 static_assert(PRUNED_CAP <= SMALL_WARPS * SMALL_CAPW, "pruned_merge's survivors fit the candidate buffers");
+static_assert(SMALL_MAX_V + 32 * 8 <= SMALL_CAPW, "a compacted buffer takes a full bf16 vector from every lane");
 
 // ---- resident path (kdt_topk_resident_*)
 constexpr int RES_VT = 8;                     // largest V: the block bound is the smallest of >= V warp maxima

@@ -1,8 +1,9 @@
 // kernels/topk/small.cuh -- the small path (V <= 32): one block per split of a row scans its columns once (16-byte
-// loads, sm_90: through a 2-step cp.async ring), keeping the online softmax and a per-warp candidate buffer behind
-// a gate, then merges its warp lists. small_impl<Tin, VT, CLUSTER> serves kdt_topk_small_* (CLUSTER = 1: S blocks
-// per row, merged through the workspace by the last block) and kdt_topk_cluster_* (CLUSTER = ROW_CLUSTER blocks of
-// one cluster, merged over distributed shared memory into block 0). See plans/kernels/topk.md, "Small path".
+// loads; sm_90: through a 2-step cp.async ring; sm_120: into registers, 3 blocks per SM, the first steps prefetched
+// into L2), keeping the online softmax and a per-warp candidate buffer behind a gate, then merges its warp lists.
+// small_impl<Tin, VT, CLUSTER> serves kdt_topk_small_* (CLUSTER = 1: S blocks per row, merged through the
+// workspace by the last block) and kdt_topk_cluster_* (CLUSTER = ROW_CLUSTER blocks of one cluster, merged over
+// distributed shared memory into block 0). See plans/kernels/topk.md, "Small path".
 #pragma once
 
 #include <float.h>
@@ -204,6 +205,18 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
 #pragma unroll
         for (int st = 1; st <= SMALL_STAGES; ++st) issue_step(st, tp + st * (U * T), slot_of(st));
     }
+    // Without a ring (sm_120), steps 1 .. SMALL_L2_WARMUP go to L2 with step 0's loads (one bulk prefetch of its U
+    // rows of contiguous vectors per warp and step, the partial last step up to the body's end), so that a short
+    // range has its first steps in flight from the start, as the ring does on sm_90.
+    if constexpr (SMALL_L2_WARMUP > 0) {
+        if (lane == 0) {
+#pragma unroll
+            for (int st = 1; st <= SMALL_L2_WARMUP; ++st) {
+                const int first = st * U * T + warp * U * USTRIDE;
+                if (first < nv) kdt::bulk_prefetch_l2(vp + first, (uint32_t)min(U * USTRIDE, nv - first) * VEC_BYTES);
+            }
+        }
+    }
     float hx[1] = {neg_inf()};
     const bool hv[1] = {warp == 0 && lane < nht};
     const uint32_t hb = (uint32_t)(lane < nhead ? lo + lane : a1 + (lane - nhead));
@@ -279,12 +292,16 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
     warp_select<VT>(buf, *cnt, wk, wi, lane);                // this warp's sorted top VT -> s_k/s_i slot
 
     // ---- block merge
+    // Without the ring (sm_120) the scan takes all of the 80 registers of 3 blocks per SM: the merges read the
+    // warp index again, and the workspace slot row * S + split is blockIdx.x itself, so that neither value lives
+    // through the scan as a spill.
+    const int mwarp = SMALL_STAGES > 0 ? warp : (int)(kdt::thread_x() >> 5);
     sm.finish();
     float m = sm.m, s = sm.s;
     warp_fold_stats(m, s);
-    if (lane == 0) { s_m[warp] = m; s_s[warp] = s; }
+    if (lane == 0) { s_m[mwarp] = m; s_s[mwarp] = s; }
     __syncthreads();
-    if (warp == 0) fold_stats(s_m, s_s, SMALL_WARPS, s_stat, lane);
+    if (mwarp == 0) fold_stats(s_m, s_s, SMALL_WARPS, s_stat, lane);
     pruned_merge<VT>(s_k, s_i, SMALL_WARPS, V, s_tk, s_ti, s_buf, &s_n, tid, T);
 
     if constexpr (CLUSTER > 1) {
@@ -302,14 +319,14 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
         cluster_arrive_release();
         cluster_wait_acquire();
         if (split != 0) return;
-        if (warp == 0) fold_stats(s_m + SMALL_WARPS, s_s + SMALL_WARPS, CLUSTER, s_stat, lane);
+        if (mwarp == 0) fold_stats(s_m + SMALL_WARPS, s_s + SMALL_WARPS, CLUSTER, s_stat, lane);
         pruned_merge<VT>(s_k + RECV_BASE, s_i + RECV_BASE, CLUSTER, V, s_tk, s_ti, s_buf, &s_n, tid, T);
     } else if (S > 1) {
         const int R = (int)(gridDim.x / (unsigned)S);
         uint32_t* cnt = reinterpret_cast<uint32_t*>(ws);
         float2* pst = reinterpret_cast<float2*>(ws + align256((size_t)R * 4));
         uint2* pcd = reinterpret_cast<uint2*>(ws + align256((size_t)R * 4) + align256((size_t)R * S * 8));
-        const size_t pidx = (size_t)row * S + split;
+        const size_t pidx = SMALL_STAGES > 0 ? (size_t)row * S + split : (size_t)blockIdx.x;
         if (tid < VT) pcd[pidx * VT + tid] = make_uint2(s_tk[tid], s_ti[tid]);
         if (tid == 0) pst[pidx] = make_float2(s_stat[0], s_stat[1]);
         __threadfence();
@@ -333,7 +350,7 @@ __device__ __forceinline__ void small_impl(const Tin* __restrict__ logits, int* 
         }
         if (tid == 0) cnt[row] = 0u;
         __syncthreads();
-        if (warp == 0) fold_stats(s_m, s_s, S, s_stat, lane);
+        if (mwarp == 0) fold_stats(s_m, s_s, S, s_stat, lane);
         pruned_merge<VT>(s_k, s_i, S, V, s_tk, s_ti, s_buf, &s_n, tid, T);
     }
 

@@ -1,8 +1,9 @@
-// kernels/verify_attn/config.cuh -- verify-attn's compile-time configuration: the MLA dims, the per-arch tile
-// choice (KV_T keys per tile, STAGES key buffers), the smem layout (Q, key tiles, P, row stats, mbarriers), the
-// warp layouts of both mainloops, the mbarrier ids of the sm_90a pipeline, the combine's shape, and the
-// static_asserts the code relies on. Used by both entry points (kdt_verify_attn_fwd, kdt_verify_attn_combine)
-// and every header of the stage. Why each choice: plans/kernels/verify-attn.md, "Configuration".
+// kernels/verify_attn/config.cuh -- verify-attn's compile-time configuration: the MLA dims, the per-arch path and
+// tile choice (ROWS query rows per CTA, KV_T keys per tile, STAGES key buffers), the smem layout (Q, key tiles,
+// the S exchange, P, row stats, mbarriers), the warp layouts of the three mainloops, the mbarrier ids of the
+// sm_90a pipeline, the combine's shape, and the static_asserts the code relies on. Used by both entry points
+// (kdt_verify_attn_fwd, kdt_verify_attn_combine) and every header of the stage. Why each choice:
+// plans/kernels/verify-attn.md, "Configuration".
 #pragma once
 
 #include <stdint.h>
@@ -15,27 +16,31 @@ namespace va {
 constexpr int DQK = 576;                      // key dim (512 latent + 64 rope)
 constexpr int DV = 512;                       // value dim (first DV columns of a key row)
 constexpr int PAGE = 64;                      // kv_cache page size in tokens
-constexpr int ROWS = 64;                      // query rows (slot, head) per CTA
 constexpr int THREADS = 256;
 constexpr int WARPS = THREADS / 32;
 constexpr int ROW_BYTES = DQK * 2;            // 1152 B per key / query row
 constexpr int ROW_CHUNKS = ROW_BYTES / 16;    // 72 16-byte chunks per row
 
-// ---- per-arch tile: two 64-key buffers fit the 227 KB parts, one 16-key buffer the 99 KB ones
-#if defined(KDT_SMEM_99KB)
-constexpr int KV_T = 16;                      // keys per tile (99 KB smem parts: sm_120, sm_8x)
-constexpr int STAGES = 1;
-#else
-constexpr int KV_T = 64;                      // keys per tile = one page (227 KB smem parts: sm_90, sm_100)
-constexpr int STAGES = 2;
-#endif
-
-// sm_90a build: the warp-specialised wgmma pipeline (mainloop_wgmma.cuh); every other build: the mma.sync
-// path (mainloop_mma.cuh).
+// ---- the path of each build (kdt_verify_attn_fwd; see the entry's header)
+//   sm_90a: the warp-specialised wgmma pipeline (mainloop_wgmma.cuh), Q resident in smem, two 64-key buffers.
+//   99 KB parts (sm_120, sm_8x): Q in registers, warp-specialised (mainloop_qreg.cuh): 32 query rows per CTA, a
+//     ring of four 16-key buffers; a 64-row Q tile alone (72 KB) would leave room for one 16-key buffer.
+//   other 227 KB parts (sm_90, sm_100): mma.sync with Q resident (mainloop_mma.cuh), two 64-key buffers.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 constexpr bool WGMMA = true;
 #else
 constexpr bool WGMMA = false;
+#endif
+#if defined(KDT_SMEM_99KB)
+constexpr bool QREG = true;
+constexpr int ROWS = 32;                      // query rows (slot, head) per CTA
+constexpr int KV_T = 16;                      // keys per tile
+constexpr int STAGES = 4;                     // key buffers: S on tile k+1, P V on tile k, tiles k+2, k+3 landing
+#else
+constexpr bool QREG = false;
+constexpr int ROWS = 64;
+constexpr int KV_T = 64;                      // one page
+constexpr int STAGES = 2;                     // key buffers: tile k+1 lands while tile k is computed
 #endif
 
 // Q / key tile layout in smem. mma.sync: row-major rows of 1152 B (TROW), 16-byte chunk c of row r at chunk
@@ -45,21 +50,28 @@ constexpr bool WGMMA = false;
 constexpr int TROW = WGMMA ? 128 : ROW_BYTES;
 constexpr int BLK = WGMMA ? 64 * 128 : 128;
 
-// ---- mma.sync warp layout (mainloop_mma.cuh; see the note's "mma.sync mainloop")
-constexpr int S_WN = 2;                       // warps along the keys of a tile in S = Q K^T
-constexpr int TW = KV_T / S_WN;               // keys per S warp (after the split-D exchange)
-// S = Q K^T: SPLIT_D (KV_T = 64): warp w = 4*dh + 2*rg + cg computes 32 rows x 32 keys over half the k16
-// steps (ks = 2j + dh) and adds the partner's half through smem; else (KV_T = 16) warp w = 2*rg + cg computes
-// 16 rows x 8 keys over all 576 dims.
+// ---- mma.sync warp layouts (mainloop_mma.cuh and mainloop_qreg.cuh; see the note's "mma.sync mainloop" and
+// "Q in registers")
+// S = Q K^T. mainloop_mma (SPLIT_D, 64-key tiles): warp w = 4*dh + 2*rg + cg computes 32 rows x 32 keys over half
+// the k16 steps (ks = 2j + dh) and adds the partner's half through smem. mainloop_qreg: S warp ds (warps 0-3)
+// holds the Q fragments of all 32 rows for the k16 steps 4j + ds (QREG_KSTEPS of them) and computes the whole
+// 32 x 16 tile over them, handing its partials to the P V warps 4-7 through the exchange buffer; P V warp 4 + mt
+// sums m-tile mt (16 rows x 16 keys) and runs its softmax; every P V warp owns 128 value columns.
+constexpr int S_WN = QREG ? 1 : 2;            // warps along the keys of a tile in the softmax (they share a row)
+constexpr int TW = KV_T / S_WN;               // keys per softmax warp
 constexpr bool SPLIT_D = KV_T == 64 && !WGMMA;
 constexpr int NT = TW / 8;                    // 8-key n-tiles per S warp
+constexpr int QREG_SLICES = 4;                // mainloop_qreg: k16 steps dealt round-robin to its 4 S warps
+constexpr int QREG_KSTEPS = DQK / 16 / QREG_SLICES;   // 9: Q fragments per m-tile and warp (72 registers)
+constexpr int S_WARPS = QREG ? QREG_SLICES : WARPS;   // warps computing S (mainloop_qreg: warps 0-3)
+constexpr int PV_WARPS = WARPS - (QREG ? S_WARPS : 0);  // warps computing P V (mainloop_qreg: warps 4-7)
 constexpr int MT = ROWS / 16;                 // 16-row m-tiles per PV warp (all rows)
-constexpr int DV_W = DV / WARPS;              // value columns per PV warp
+constexpr int DV_W = DV / PV_WARPS;           // value columns per PV warp
 constexpr int PV_NP = DV_W / 16;              // pairs of 8-column n-tiles per PV warp
 constexpr int KSTEPS_PV = KV_T / 16;          // k16 steps of P V per tile
-constexpr int P_ROW_BYTES = KV_T * 2;         // P buffer (mma.sync path): ROWS rows of KV_T bf16
+constexpr int P_ROW_BYTES = KV_T * 2;         // P buffer (mma.sync paths): ROWS rows of KV_T bf16
 constexpr int P_CHUNKS = KV_T / 8;            // 16-byte chunks per P row
-// O accumulators per thread: O_NT n8-tiles x 4 fp32 = 128 registers on either path.
+// O accumulators per PV thread: O_NT n8-tiles x 4 fp32 = 128 registers on every path.
 //   mma.sync P V: tile j = 2*PV_NP*mt + nt holds rows 16mt + gq (+8) x columns DV_W*warp + 8nt + 2cq (+1).
 //   wgmma P V: the m64n256k16 D fragment, tile j holds rows 16(warp%4) + gq (+8) x columns PV_WG_N*wg + 8j + 2cq (+1).
 constexpr int O_NT = MT * 2 * PV_NP;
@@ -85,18 +97,25 @@ constexpr int MB_EMPTY_ARRIVALS = THREADS;
 
 // ---- shared memory (dynamic, 1 KB aligned). The sm_90a pipeline leaves P, REDMAX and REDL unused (P lives in
 // the key tile's rope block) but keeps the layout, so kdt_verify_attn_smem_bytes differs only by the mbarriers.
+// mainloop_qreg keeps no Q tile: Q is staged in key buffer 1 until its fragments are in registers.
 constexpr int Q_BYTES = ROWS * ROW_BYTES;
 constexpr int KV_TILE_BYTES = KV_T * ROW_BYTES;
+constexpr int P_BUFS = QREG ? 2 : 1;          // mainloop_qreg: P of tile k+1 is written while P V reads tile k's
 constexpr int P_BYTES = ROWS * P_ROW_BYTES;
+// mainloop_qreg's exchange of S partials, two buffers: slot (buffer, S warp, tile t = 2 m-tile + n-tile) holds
+// one lane's 4 accumulators
+constexpr int XCH_BYTES = QREG ? 2 * S_WARPS * 4 * 32 * 16 : 0;
 constexpr int OFF_Q = 0;
-constexpr int OFF_KV = OFF_Q + Q_BYTES;                 // STAGES key tiles
-constexpr int OFF_P = OFF_KV + STAGES * KV_TILE_BYTES;  // mma.sync: P (bf16) and the split-D exchange
-constexpr int OFF_REDMAX = OFF_P + P_BYTES;              // float [ROWS][S_WN]
+constexpr int OFF_KV = OFF_Q + (QREG ? 0 : Q_BYTES);     // STAGES key tiles
+constexpr int OFF_XCH = OFF_KV + STAGES * KV_TILE_BYTES;
+constexpr int OFF_P = OFF_XCH + XCH_BYTES;               // mma.sync: P (bf16) [P_BUFS] and the split-D exchange
+constexpr int OFF_REDMAX = OFF_P + P_BUFS * P_BYTES;     // float [ROWS][S_WN]
 constexpr int OFF_REDL = OFF_REDMAX + ROWS * S_WN * 4;  // float [ROWS][S_WN]
-constexpr int OFF_ALPHA = OFF_REDL + ROWS * S_WN * 4;   // float [ROWS]
-constexpr int OFF_INVL = OFF_ALPHA + ROWS * 4;          // float [ROWS]
-constexpr int OFF_BAR = OFF_INVL + ROWS * 4;            // sm_90a only: uint64 mbarrier [PIPE_MBARS]
-constexpr int BAR_BYTES = WGMMA ? PIPE_MBARS * 8 : 0;   // other paths: no mbarrier, smem size unchanged
+constexpr int OFF_ALPHA = OFF_REDL + ROWS * S_WN * 4;   // float [P_BUFS][ROWS]
+constexpr int OFF_INVL = OFF_ALPHA + P_BUFS * ROWS * 4; // float [ROWS]
+constexpr int OFF_BAR = OFF_INVL + ROWS * 4;            // uint64 mbarrier [PIPE_MBARS] (sm_90a), [QREG_MBARS]
+constexpr int QREG_MBARS = 4;                           // mainloop_qreg: READY[2], FREE[2]
+constexpr int BAR_BYTES = WGMMA ? PIPE_MBARS * 8 : QREG ? QREG_MBARS * 8 : 0;  // mainloop_mma: none
 constexpr int SMEM_BYTES = OFF_BAR + BAR_BYTES;
 
 // ---- combine (kdt_verify_attn_combine)
@@ -123,13 +142,16 @@ static_assert(!WGMMA || (PV_WG_N == 256 && O_NT * 8 == PV_WG_N && BLK == 8192 &&
               "wgmma P V: two warpgroups x m64n256, P = one 64 x 128 B swizzle block, V = 64-column blocks");
 static_assert(DV == 4 * 32 * COMBINE_WARPS_PER_ROW, "combine: a float4 per lane covers the value row");
 static_assert(COMBINE_THREADS % (32 * COMBINE_WARPS_PER_ROW) == 0, "combine: whole rows per block");
-static_assert(DV_W == 64, "PV warp = one 64-column block of V");
-static_assert(O_NT == 32, "O = 128 fp32 registers per thread");
-static_assert(SPLIT_D ? (ROWS == 64 && TW == 32 && WARPS == 8) : (WARPS / S_WN) * 16 == ROWS,
-              "S warps must cover the query rows");
+static_assert(DV_W % 64 == 0 && PV_NP % 4 == 0, "PV warp = whole 64-column blocks of V");
+static_assert(O_NT == 32, "O = 128 fp32 registers per PV thread");
+static_assert(!SPLIT_D || (ROWS == 64 && TW == 32 && WARPS == 8), "split-D S warps cover 64 rows x 64 keys");
+static_assert(!QREG || (ROWS == 32 && KV_T == 16 && S_WARPS == 4 && PV_WARPS == 4 && NT == 2 && STAGES == 4 &&
+                        QREG_KSTEPS * QREG_SLICES * 16 == DQK && Q_BYTES == 2 * KV_TILE_BYTES),
+              "Q in registers: 4 S warps (slices of the k16 steps) x 32 rows x 16 keys, 4 P V warps, Q staged in "
+              "key buffers 2 and 3");
+static_assert(QREG || SPLIT_D || WGMMA, "every build has a mainloop");
 static_assert(!SPLIT_D || P_BYTES >= (WARPS / 2) * 2048, "split-D exchange lives in the P buffer");
 static_assert(!SPLIT_D || (DQK / 16) % 2 == 0, "split-D: even number of k16 steps");
-static_assert(NT == 1 || NT % 2 == 0, "S n-tiles: one, or pairs for ldmatrix.x4");
 static_assert(PAGE % KV_T == 0 && KV_T % 16 == 0, "a key tile lies in one page and is k16-aligned");
 static_assert(DQK % 64 == 0, "S loop runs in groups of 4 k16 steps");
 static_assert(DV % (WARPS * 16) == 0, "value columns split in 16-column pairs per warp");

@@ -15,15 +15,15 @@ namespace va {
 using kdt::cp_async16_zfill;
 using kdt::thread_x;
 
-// Load TROWS rows of 576 bf16 into a swizzled smem tile. Thread tid copies row tid / TPR, chunks
-// tid % TPR + TPR*i. `src_row` is that row in global memory; valid == false zero-fills it (src-size 0: the
+// Load TROWS rows of 576 bf16 into a swizzled smem tile, by threads 0..LOADERS-1. Thread tid copies row tid / TPR,
+// chunks tid % TPR + TPR*i. `src_row` is that row in global memory; valid == false zero-fills it (src-size 0: the
 // address is not read). Every copy is one cp.async with immediate offsets from two or three base registers:
 //   TPR % 8 == 0: chunk lc + TPR*i lives at (lc ^ r7) + TPR*i;
 //   TPR == 4:     chunk lc + 4*(2m + b) lives at 8m + ((4b + lc) ^ r7).
-template <int TROWS>
+template <int TROWS, int LOADERS = THREADS>
 __device__ __forceinline__ void load_rows(uint32_t s_tile, const uint16_t* src_row, bool valid) {
     const int tid = static_cast<int>(thread_x());  // re-read per call: cheaper than holding the offsets live
-    constexpr int TPR = THREADS / TROWS;
+    constexpr int TPR = LOADERS / TROWS;
     constexpr int CPT = (ROW_CHUNKS + TPR - 1) / TPR;
     static_assert(TPR % 8 == 0 || TPR == 4, "loader swizzle cases");
     const int row = tid / TPR;
@@ -74,15 +74,16 @@ __device__ __forceinline__ const uint16_t* kv_row_source(int k, int row, int pag
     return valid ? kv_tree + (static_cast<size_t>(g) * N + j) * DQK : kv_cache;
 }
 
-// Key tile k of a request, loaded by the whole CTA.
+// Key tile k of a request, loaded by threads 0..LOADERS-1 (the whole CTA by default).
+template <int LOADERS = THREADS>
 __device__ __forceinline__ void load_kv_tile(uint32_t s_tile, int k, int page, int n_pref, int plen, int N, int g,
                                              const uint16_t* __restrict__ kv_cache,
                                              const uint16_t* __restrict__ kv_tree) {
-    constexpr int TPR = THREADS / KV_T;
+    constexpr int TPR = LOADERS / KV_T;
     const int row = static_cast<int>(thread_x()) / TPR;
     bool valid;
     const uint16_t* src = kv_row_source(k, row, page, n_pref, plen, N, g, kv_cache, kv_tree, valid);
-    load_rows<KV_T>(s_tile, src, valid);
+    load_rows<KV_T, LOADERS>(s_tile, src, valid);
 }
 
 // sm_90a: key tile k loaded by warpgroup 1 alone (128 threads, wgmma 128-byte swizzle layout). Thread t copies
