@@ -49,12 +49,10 @@ def _walk(token, first_child, next_sibling, predict, max_depth: int, g: int) -> 
     return path
 
 
-def tree_accept(token: np.ndarray, first_child: np.ndarray, next_sibling: np.ndarray, n_nodes: np.ndarray,
-                max_depth: int, target_predict: np.ndarray | None = None,
-                target_logits: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """The greedy walk for every request; exactly one of target_predict / target_logits is given."""
-    require((target_predict is None) != (target_logits is None), "target_predict/target_logits",
-            "exactly one of the two", "both" if target_predict is not None else "neither")
+def check_tree(token: np.ndarray, first_child: np.ndarray, next_sibling: np.ndarray, n_nodes: np.ndarray,
+               max_depth) -> tuple[int, int]:
+    """The tree inputs every walk takes (token, first_child, next_sibling int32 [G, N], n_nodes int32 [G],
+    max_depth >= 1), checked; returns (G, N)."""
     for name, array in (("token", token), ("first_child", first_child), ("next_sibling", next_sibling)):
         require_dtype(array, name, np.int32)
         require_shape(array, name, (None, None))
@@ -64,6 +62,16 @@ def tree_accept(token: np.ndarray, first_child: np.ndarray, next_sibling: np.nda
     require_dtype(n_nodes, "n_nodes", np.int32)
     require_shape(n_nodes, "n_nodes", (groups,))
     require(isinstance(max_depth, (int, np.integer)) and max_depth >= 1, "max_depth", "an integer >= 1", max_depth)
+    return groups, slots
+
+
+def tree_accept(token: np.ndarray, first_child: np.ndarray, next_sibling: np.ndarray, n_nodes: np.ndarray,
+                max_depth: int, target_predict: np.ndarray | None = None,
+                target_logits: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The greedy walk for every request; exactly one of target_predict / target_logits is given."""
+    require((target_predict is None) != (target_logits is None), "target_predict/target_logits",
+            "exactly one of the two", "both" if target_predict is not None else "neither")
+    groups, slots = check_tree(token, first_child, next_sibling, n_nodes, max_depth)
     if target_logits is not None:
         require_shape(target_logits, "target_logits", (groups, slots, None))
         target_predict = argmax_predict(target_logits)
