@@ -4,8 +4,9 @@ Per shape: CUDA events around each launch after warm-up, median and spread of at
 rotated over enough copies that the L2 cache cannot hold them all; and a graph mode that captures
 GRAPH_LAUNCHES launches in one CUDA graph and times its replays (engines run these stages in graphs, where
 launch gaps vanish: graph mode is the headline). Achieved GB/s and TFLOP/s come from each shape's byte
-and flop model and are set against the peaks measured on this machine (kdt.peaks). Baselines in the same
-run: the CPU reference, and the obvious PyTorch version where PyTorch is installed.
+and flop model and are set against the peaks measured on this machine (kdt.peaks), and so is the roofline bound:
+the least time the model allows there, and the measured time's distance from it. Baselines in the same run: the
+CPU reference, and the obvious PyTorch version where PyTorch is installed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from kdt import ops, runtime, verify
-from kdt.spec import StageSpec
+from kdt.peaks import roofline_bound
+from kdt.spec import DEFAULT_BENCH_SET, StageSpec
 
 MIN_RUNS = 100
 WARMUP = 10
@@ -72,6 +74,8 @@ class ShapeResult:
     pct_copy_peak: float
     tflops: float
     pct_matmul_peak: float
+    bound_us: float                             # the roofline: max(bytes / copy, flops / matmul) at the peaks
+    pct_of_bound: float                         # 100 * bound / headline: 100 is at the roofline
     cpu_reference_us: float | None = None
     torch_us: float | None = None
     notes: list[str] = field(default_factory=list)
@@ -192,10 +196,11 @@ def _bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool, baselin
     headline = (graphed or eager).median_us
     gbps = shape.bytes_moved / headline / 1e3
     tflops = shape.flops / headline / 1e6 if shape.flops else 0.0
+    bound_us, pct_of_bound = roofline_bound(shape.bytes_moved, shape.flops, headline, peaks)
     result = ShapeResult(spec.name, shape.name, params, shape.bytes_moved, shape.flops, shape.size or shape.bytes_moved,
                          shape.size_label if shape.size else "bytes moved (model)", eager, graphed, headline, gbps, 100 * gbps / peaks.copy_gbps, tflops,
-                         100 * tflops / peaks.matmul_tflops if shape.flops else 0.0, knobs=knobs, path=path,
-                         arch=runtime.device_arch(), multiprocessors=runtime.multiprocessors())
+                         100 * tflops / peaks.matmul_tflops if shape.flops else 0.0, bound_us, pct_of_bound,
+                         knobs=knobs, path=path, arch=runtime.device_arch(), multiprocessors=runtime.multiprocessors())
     if baselines and shape.cpu_baseline:
         host = {k: verify.download(v) for k, v in first.items()}
         spec.reference(host, params)  # warm: first call pays imports
@@ -209,9 +214,13 @@ def _bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool, baselin
         if importlib.util.find_spec("torch") is None:
             result.notes.append("PyTorch not installed: no PyTorch baseline")
         else:
-            run_torch = spec.torch_baseline(first, params)
-            if run_torch is not None:
-                result.torch_us = time_eager(cp, lambda i: run_torch(), 1, BASELINE_RUNS).median_us
+            try:
+                run_torch = spec.torch_baseline(first, params)
+                if run_torch is not None:
+                    result.torch_us = time_eager(cp, lambda i: run_torch(), 1, BASELINE_RUNS).median_us
+            except (RuntimeError, MemoryError) as error:  # e.g. out of memory at the largest shapes: one cell lost
+                first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+                result.notes.append(f"PyTorch baseline failed ({first_line[:120]}): no PyTorch column")
     return result
 
 
@@ -315,8 +324,9 @@ def _copy(cp, value):
     return ops.Bf16(value.bits.copy()) if isinstance(value, ops.Bf16) else value.copy()
 
 
-def results_json(results: list[ShapeResult], peaks) -> str:
-    return json.dumps({"peaks": asdict(peaks), "results": [asdict(r) for r in results]}, indent=2)
+def results_json(results: list[ShapeResult], peaks, shape_set: str = DEFAULT_BENCH_SET) -> str:
+    """--json: the peaks, the shape set (--set) and every result."""
+    return json.dumps({"peaks": asdict(peaks), "set": shape_set, "results": [asdict(r) for r in results]}, indent=2)
 
 
 def regressions(results: list[ShapeResult], baseline: dict, max_regression_pct: float) -> list[tuple[str, str, float, float]]:

@@ -1,8 +1,8 @@
 """Every function of a cubin held to its arch's limits (kdt/arches.py), at build time: registers and static shared
-memory from ptxas, and, through the stage's launch plans for its bench shapes, the dynamic + static shared memory
-per block, the cluster size and the threads per block each launch asks for. `kdt build` fails (exit 2) with the
-table of what exceeded what, so a change that pushes an sm_120 cubin past 99 KB, or into a cluster shape sm_120
-refuses, fails CI instead of the user's first launch.
+memory from ptxas, and, through the stage's launch plans for its bench shapes (of every set), the dynamic + static
+shared memory per block, the cluster size and the threads per block each launch asks for. `kdt build` fails (exit 2)
+with the table of what exceeded what, so a change that pushes an sm_120 cubin past 99 KB, or into a cluster shape
+sm_120 refuses, fails CI instead of the user's first launch.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ class Violation:
 
 
 def bench_plans(spec: StageSpec, result: BuildResult) -> list[tuple[str, LaunchPlan]]:
-    """The stage's plans for its bench shapes, for a typical GPU of the cubin's arch."""
+    """The stage's plans for its bench shapes (every set's), for a typical GPU of the cubin's arch."""
     from kdt import ops
 
     arch = arches.get(result.arch)
     target = Target.make(arch.name, arch.multiprocessors, result.constants)
     plans = []
-    for shape in spec.bench_shapes(False) if spec.bench_shapes else ():
+    for shape in spec.every_bench_shape():
         inputs = {name: ArraySpec(tuple(dims), dtype) for name, (dims, dtype) in shape.layout.items()}
         try:
             plans.append((shape.name, ops.plan_for(spec, inputs, dict(shape.params), target)))

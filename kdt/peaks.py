@@ -23,6 +23,14 @@ class Peaks:
     matmul_how: str
 
 
+def roofline_bound(bytes_moved: int, flops: int, measured_us: float, peaks: Peaks) -> tuple[float, float]:
+    """(bound us, % of bound) of a shape's byte and flop model against one measured time: bound = max(bytes / copy
+    bandwidth, flops / matmul rate), the least time the model allows on this machine (flops = 0, a stage without a
+    flop model: the bytes alone); % of bound = 100 * bound / measured, so 100 is at the roofline."""
+    bound_us = max(bytes_moved / (peaks.copy_gbps * 1e3), flops / (peaks.matmul_tflops * 1e6))
+    return bound_us, (100.0 * bound_us / measured_us if measured_us > 0 else 0.0)
+
+
 def _cache_path(gpu: str) -> Path:
     root = os.environ.get("KDT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kdt"
     return Path(root) / f"peaks-{''.join(c if c.isalnum() else '_' for c in gpu)}.json"

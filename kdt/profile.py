@@ -5,7 +5,8 @@ One child process, kdt itself under ncu:
     ncu --clock-control none --csv --page raw --log-file LOG --kernel-name regex:^(F1|F2)$
         --launch-skip N --launch-count N --section SpeedOfLight --section Occupancy --section LaunchStats
         --section WarpStateStats --section MemoryWorkloadAnalysis
-        python3 -m kdt bench STAGE --shape NAME --no-graph --no-baselines [--arch A] [--sms N] [--knob K=V ...]
+        python3 -m kdt bench STAGE --shape NAME --no-graph --no-baselines [--set S] [--arch A] [--sms N]
+                                                                          [--knob K=V ...]
     (a golden case: python3 -m kdt verify STAGE --case NAME --golden FILE --max-diffs 0 [...])
 
 F1, F2 are the functions one call launches (its LaunchPlan) and N the number of launches in that plan. ncu counts
@@ -114,13 +115,16 @@ def launch_window(launches_per_call: int, skip_calls: int = SKIP_CALLS) -> tuple
 
 def child_command(stage: str, *, shape: str | None = None, case: str | None = None, golden: Path | None = None,
                   python: str = sys.executable, knobs: Sequence[str] = (), arch: str | None = None,
-                  sms: int | None = None) -> list[str]:
-    """The kdt run under ncu: `kdt bench` on one shape (eager launches, no baselines) or `kdt verify` on one case."""
+                  sms: int | None = None, shape_set: str | None = None) -> list[str]:
+    """The kdt run under ncu: `kdt bench` on one shape of `shape_set` (None: the default set; eager launches, no
+    baselines) or `kdt verify` on one case."""
     if (shape is None) == (case is None):
         raise ValueError("child_command: one of a shape and a case")
     line = [python, "-m", "kdt"]
     if shape is not None:
         line += ["bench", stage, "--shape", glob.escape(shape), "--no-graph", "--no-baselines"]
+        if shape_set is not None:
+            line += ["--set", shape_set]
     else:
         line += ["verify", stage, "--case", glob.escape(case), "--max-diffs", "0"]
         if golden is not None:
@@ -412,10 +416,12 @@ def run_process(line: Sequence[str], timeout_s: float, env: dict[str, str], cwd:
 def run_profile(stage: str, functions: Sequence[str], *, ncu: Path | str, shape: str | None = None,
                 case: str | None = None, golden: Path | None = None, knobs: Sequence[str] = (),
                 arch: str | None = None, sms: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                cwd: Path | None = None, runner: Callable | None = None) -> ProfileResult:
-    """One call of `stage` on `shape` or `case` under ncu; `functions`: the launches of one call (its plan), in
-    order. ERR_NVGPUCTRPERM: CountersNotPermitted (exit 2). A CSV that cannot be read: ProfileError."""
-    child = child_command(stage, shape=shape, case=case, golden=golden, knobs=knobs, arch=arch, sms=sms)
+                cwd: Path | None = None, runner: Callable | None = None,
+                shape_set: str | None = None) -> ProfileResult:
+    """One call of `stage` on `shape` (of `shape_set`) or `case` under ncu; `functions`: the launches of one call
+    (its plan), in order. ERR_NVGPUCTRPERM: CountersNotPermitted (exit 2). A CSV that cannot be read: ProfileError."""
+    child = child_command(stage, shape=shape, case=case, golden=golden, knobs=knobs, arch=arch, sms=sms,
+                          shape_set=shape_set)
     runner = runner or run_process
     with tempfile.TemporaryDirectory(prefix="kdt-profile-") as work:
         log_file = Path(work) / "ncu.csv"

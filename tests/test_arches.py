@@ -31,7 +31,7 @@ def test_the_emulation_builds_exactly_the_sm120_configuration(kernel):
     assert static(emulated) == static(real)
     spec = stages.get(kernel)
     for count in (70, 188):
-        for shape in spec.bench_shapes(False):
+        for shape in spec.every_bench_shape():
             inputs = {name: ArraySpec(tuple(dims), dtype) for name, (dims, dtype) in shape.layout.items()}
             plans = [ops.plan_for(spec, inputs, dict(shape.params), Target.make(r.arch, count, r.constants))
                      for r in (real, emulated)]

@@ -1,10 +1,11 @@
-"""kdt bench without a GPU: the sources an A/B comparison builds, and the regression gate's matching."""
+"""kdt bench without a GPU: the sources an A/B comparison builds, the regression gate's matching, the roofline bound
+of every shape, and the named shape sets (--set)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kdt import bench, paths
+from kdt import bench, paths, peaks, stages
 from kdt.refs.errors import BadInput
 
 
@@ -24,7 +25,7 @@ def test_the_sources_of_a_revision_or_a_directory(tmp_path):
 
 def _result(shape, us, arch="sm_90a", knobs=None):
     timing = bench.Timing(us, us, us, 100)
-    return bench.ShapeResult("topk", shape, {}, 1, 0, 1, "", timing, None, us, 0, 0, 0, 0, knobs=knobs or {},
+    return bench.ShapeResult("topk", shape, {}, 1, 0, 1, "", timing, None, us, 0, 0, 0, 0, 0, 0, knobs=knobs or {},
                              arch=arch)
 
 
@@ -36,3 +37,108 @@ def test_regressions_match_shape_arch_and_knobs():
            _result("a", 99.0, knobs={"min_chunk": 1})]
     slower = bench.regressions(now, baseline, 10.0)
     assert [(s[1], s[2], s[3]) for s in slower] == [("a", 20.0, 30.0), ("b", 10.0, 12.0)]
+
+
+# --- the roofline bound -----------------------------------------------------------------------------------------
+
+VERIFY_ATTN = stages.get("verify-attn")
+
+
+def _tp8(name):
+    return next(item for item in VERIFY_ATTN.bench_set("tp8") if item.name == name)
+
+
+H200 = peaks.Peaks("NVIDIA H200", 4236.0, 771.0, "torch bf16 8192^3")   # issue 17's peaks
+
+
+@pytest.mark.parametrize("shape, bound_us, now_us", [
+    # issue 17's table: shape (H = 8), its bound and the time measured then
+    ("G1_H8_N8_prefix1024", 0.33, 20.7), ("G1_H8_N16_prefix8192", 2.97, 23.7), ("G1_H8_N16_prefix32768", 11.8, 40.0),
+    ("G1_H8_N64_prefix32768", 47.4, 87.1), ("G4_H8_N16_prefix8192", 11.9, 36.7), ("G4_H8_N8_prefix32768", 35.9, 59.4),
+    ("G16_H8_N8_prefix8192", 36.5, 60.1), ("G1_H8_N256_prefix32768", 190.9, 289.8),
+])
+def test_the_bound_of_issue_17s_shapes(shape, bound_us, now_us):
+    item = _tp8(shape)
+    bound, percent = peaks.roofline_bound(item.bytes_moved, item.flops, now_us, H200)
+    assert bound == pytest.approx(bound_us, rel=5e-3)   # the issue's figures, rounded
+    assert percent == pytest.approx(100 * bound / now_us)
+
+
+def test_the_bound_is_the_slower_of_bytes_and_flops():
+    machine = peaks.Peaks("x", 1000.0, 100.0, "x")                       # 1 GB/ms, 0.1 PFLOP/s
+    assert peaks.roofline_bound(2_000_000, 0, 4.0, machine) == (2.0, 50.0)  # no flop model: bytes alone
+    assert peaks.roofline_bound(1_000, 10**9, 20.0, machine) == (10.0, 50.0)   # compute: 10 us against 1 ns of bytes
+    assert peaks.roofline_bound(10**6, 10**8, 1.0, machine) == (1.0, 100.0)     # 1 us each: at the roofline
+    assert peaks.roofline_bound(10**6, 0, 0.0, machine) == (1.0, 0.0)           # nothing measured: no percentage
+
+
+def test_bench_and_profile_agree_on_the_bound():
+    from kdt import profile
+
+    for name in ("G1_H8_N8_prefix1024", "G1_H8_N256_prefix32768"):   # bound by bytes, by flops
+        item = _tp8(name)
+        roof = profile.roofline(item.bytes_moved, item.flops, H200.copy_gbps, H200.matmul_tflops, [])
+        assert peaks.roofline_bound(item.bytes_moved, item.flops, 1.0, H200)[0] == pytest.approx(roof.bound_us)
+
+
+# --- shape sets --------------------------------------------------------------------------------------------------
+
+def test_verify_attn_declares_the_tp8_set_and_keeps_its_default():
+    assert VERIFY_ATTN.bench_set_names() == ["default", "tp8"]
+    tp8 = [item.name for item in VERIFY_ATTN.bench_set("tp8")]
+    assert tp8 == [f"G{g}_H8_N{n}_prefix{p}" for g in (1, 4, 16) for n in (8, 16, 64, 256)
+                   for p in (1024, 8192, 32768, 131072)]
+    assert [item.name for item in VERIFY_ATTN.bench_set("tp8", quick=True)] == [
+        "G1_H8_N8_prefix1024", "G1_H8_N16_prefix8192", "G1_H8_N16_prefix32768", "G1_H8_N64_prefix32768",
+        "G4_H8_N16_prefix8192", "G4_H8_N8_prefix32768", "G16_H8_N8_prefix8192", "G1_H8_N256_prefix32768"]
+    default = ["G1_H64_N256_prefix32768", "G8_H8_N8_prefix131072", "G1_H8_N8_prefix1024", "G1_H8_N16_prefix8192",
+               "G1_H16_N64_prefix8192", "G1_H64_N64_prefix32768", "G1_H16_N256_prefix131072", "G8_H16_N64_prefix8192",
+               "G8_H64_N8_prefix32768", "G8_H64_N256_prefix8192", "G8_H8_N64_prefix131072", "G32_H8_N8_prefix1024",
+               "G32_H16_N8_prefix8192", "G32_H64_N64_prefix1024", "G32_H8_N256_prefix32768"]
+    assert [item.name for item in VERIFY_ATTN.bench_set("default")] == default
+    assert [item.name for item in VERIFY_ATTN.bench_shapes(False)] == default
+    assert [item.name for item in VERIFY_ATTN.bench_set("default", quick=True)] == default[:2]
+    # every shape once: the two both sets hold (G1_H8_N8_prefix1024, G1_H8_N16_prefix8192) are the same shape
+    every = VERIFY_ATTN.every_bench_shape()
+    assert [item.name for item in every] == list(dict.fromkeys(default + tp8)) and len(every) == 15 + 48 - 2
+    same = lambda item: (item.layout, item.params, item.bytes_moved, item.flops)
+    assert same(_tp8("G1_H8_N8_prefix1024")) == same(VERIFY_ATTN.bench_set("default")[2])
+
+
+def test_a_set_a_stage_lacks_names_the_ones_it_has():
+    with pytest.raises(BadInput, match=r"--set: expected a bench shape set of verify-attn: default, tp8, got 'tp9'"):
+        VERIFY_ATTN.bench_set("tp9")
+    topk = stages.get("topk")
+    assert topk.bench_set_names() == ["default"]
+    with pytest.raises(BadInput, match=r"of topk: default, got 'tp8'"):
+        topk.bench_set("tp8")
+
+
+def test_the_sets_shape_glob():
+    from kdt.commands.bench import shapes_to_run
+
+    chosen = shapes_to_run([VERIFY_ATTN], "tp8", False, "G16_*_prefix131072")
+    assert [item.name for item in chosen["verify-attn"]] == [f"G16_H8_N{n}_prefix131072" for n in (8, 16, 64, 256)]
+    assert shapes_to_run([VERIFY_ATTN], "default", False, "G16_*") == {"verify-attn": []}
+
+
+INPUT_BUDGET_BYTES = 8 * 10**9   # device generation and the SDPA baseline take a few times the inputs: H200 141 GB
+
+
+def test_every_bench_shape_fits_an_h200():
+    """Inputs and outputs of every shape of every set well under an H200's memory (the largest, tree-accept's
+    logits_G64_N64_vocab163840_f32 and verify-attn tp8's G16_H8_N256_prefix131072, 2.7 and 2.5 GB)."""
+    import math
+
+    import numpy as np
+
+    nbytes = lambda dims, dtype: math.prod(dims) * (2 if dtype == "bfloat16" else np.dtype(dtype).itemsize)
+    held = {}
+    for spec in stages.all_stages():
+        for item in spec.every_bench_shape():
+            outputs = spec.output_layout({name: dims for name, (dims, _) in item.layout.items()}, item.params)
+            held[spec.name, item.name] = (sum(nbytes(dims, dtype) for dims, dtype in item.layout.values())
+                                          + sum(nbytes(out.shape, out.dtype) for out in outputs.values()))
+            assert held[spec.name, item.name] < INPUT_BUDGET_BYTES, (spec.name, item.name)
+    attention = {name: size for (stage, name), size in held.items() if stage == "verify-attn"}
+    assert max(attention, key=attention.get) == "G16_H8_N256_prefix131072"

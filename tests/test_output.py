@@ -291,10 +291,11 @@ def _fake_bench(monkeypatch):
 
     def bench_shape(spec, item, machine, graph=True, baselines=True, knobs=None):
         timing = bench.Timing(12.345, 11.5, 14.25, 100)
+        bound = peaks.roofline_bound(item.bytes_moved, item.flops, 12.345, machine)
         return bench.ShapeResult(spec.name, item.name, dict(item.params), item.bytes_moved, item.flops,
                                  item.size or item.bytes_moved, item.size_label, timing, timing if graph else None,
                                  12.345, 1234.5, 30.8, 1.5 if item.flops else 0.0, 0.2 if item.flops else 0.0,
-                                 12345.0, 99.0, knobs=dict(knobs or {}), path="resident-narrow", arch="sm_90",
+                                 *bound, 12345.0, 99.0, knobs=dict(knobs or {}), path="resident-narrow", arch="sm_90",
                                  multiprocessors=132)
 
     monkeypatch.setattr(bench, "bench_shape", bench_shape)
@@ -308,8 +309,9 @@ def test_bench_all_output_whole(monkeypatch, capsys, tmp_path, fake_gpu):
     code, out, err = run(monkeypatch, capsys, "bench", "all")
     assert code == 0, out + err
     names = [name for kernel in shapes.values() for name in kernel]
-    assert_whole(out, names + ["graph us", "eager us", "p10-p90 us", "% copy", "TFLOP/s", "% mma", "CPU ref us",
-                               "x CPU", "torch us", "x torch", "resident-narrow", "NVIDIA H200 [fake]"])
+    assert_whole(out, names + ["graph us", "eager us", "p10-p90 us", "% copy", "TFLOP/s", "% mma", "bound us",
+                               "% of bound", "CPU ref us", "x CPU", "torch us", "x torch", "resident-narrow",
+                               "NVIDIA H200 [fake]"])
     text = assert_appended(summary, "bench all")
     tables = markdown_tables(text)
     assert [len(t["rows"]) for t in tables] == [len(names) for names in shapes.values()]
@@ -334,6 +336,50 @@ def test_bench_markdown_json_and_a_regression(monkeypatch, capsys, tmp_path, fak
     assert document["regressions"] == [{"kernel": "tree-build", "shape": shapes["tree-build"][0], "baseline_us": 1.0,
                                         "now_us": 12.345}]
     assert "regression" in err
+
+
+def test_bench_roofline_columns_and_the_tp8_set(monkeypatch, capsys, fake_gpu):
+    """--set tp8: the deployment's shapes, the set named in the title and the JSON; every row with its roofline bound
+    (max(bytes / copy, flops / matmul) at the peaks) and % of bound (bound / measured)."""
+    _fake_bench(monkeypatch)
+    tp8 = [s.name for s in stages.get("verify-attn").bench_set("tp8")]
+    code, out, err = run(monkeypatch, capsys, "bench", "verify-attn", "--set", "tp8", "--format", "markdown")
+    assert code == 0, err
+    (table,) = markdown_tables(out)
+    assert "kdt bench verify-attn --set tp8:" in out
+    assert table["header"] == ["shape", "path", "graph us", "eager us", "p10-p90 us", "GB/s", "% copy", "TFLOP/s",
+                               "% mma", "bound us", "% of bound", "CPU ref us", "x CPU", "torch us", "x torch"]
+    rows = {row[0]: dict(zip(table["header"], row)) for row in table["rows"]}
+    assert list(rows) == tp8
+    # issue 17: G1 N8 prefix 1024 is bound by its bytes, 1,393,920 B at 4,012 GB/s; 12.345 us measured
+    assert rows["G1_H8_N8_prefix1024"]["bound us"] == "0.347" and rows["G1_H8_N8_prefix1024"]["% of bound"] == "2.8"
+
+    code, out, err = run(monkeypatch, capsys, "bench", "verify-attn", "--set", "tp8", "--quick", "--shape", "G1_*",
+                         "--format", "json")
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["set"] == "tp8"
+    assert [r["shape"] for r in document["results"]] == ["G1_H8_N8_prefix1024", "G1_H8_N16_prefix8192",
+                                                         "G1_H8_N16_prefix32768", "G1_H8_N64_prefix32768",
+                                                         "G1_H8_N256_prefix32768"]
+    first = document["results"][0]
+    assert first["bound_us"] == pytest.approx(1_393_920 / 4012e3) and first["pct_of_bound"] == pytest.approx(
+        100 * first["bound_us"] / 12.345)
+    code, out, err = run(monkeypatch, capsys, "bench", "tree-build", "--format", "json")
+    assert json.loads(out)["set"] == "default" and all(r["bound_us"] > 0 for r in json.loads(out)["results"])
+
+
+@pytest.mark.parametrize("args, named", [
+    (("bench", "verify-attn", "--set", "tp9"), "a bench shape set of verify-attn: default, tp8, got 'tp9'"),
+    (("bench", "all", "--set", "tp8"), "a bench shape set of topk: default, got 'tp8'"),
+    (("plan", "verify-attn", "--set", "tp9"), "a bench shape set of verify-attn: default, tp8, got 'tp9'"),
+    (("plan", "verify-attn", "--set", "tp8", "--case", "tp8_*"), "no --set with --case"),
+    (("profile", "verify-attn", "--set", "tp8", "--case", "tp8_g1_n16"), "no --set with --case"),
+    (("profile", "verify-attn", "--set", "tp9", "--shape", "G1_*"), "a bench shape set of verify-attn: default, tp8"),
+])
+def test_an_unknown_shape_set_is_bad_input_before_anything_runs(monkeypatch, capsys, args, named):
+    code, out, err = run(monkeypatch, capsys, *args)
+    assert code == 3 and "--set" in err and named in " ".join(err.split()), err
 
 
 def test_bench_plot_hint_keeps_its_brackets(monkeypatch, capsys, fake_gpu):
@@ -469,6 +515,22 @@ def test_plan_formats(monkeypatch, capsys):
     code, out, err = run(monkeypatch, capsys, "plan", "tree-accept", "--arch", "sm_120", "--format", "json")
     document = json.loads(out)
     assert [p["name"] for p in document["plans"]] == shapes and document["arch"] == "sm_120"
+
+
+@pytest.mark.nvcc
+def test_plan_takes_the_bench_sets(monkeypatch, capsys):
+    code, out, err = run(monkeypatch, capsys, "plan", "verify-attn", "--set", "tp8", "--arch", "sm_90a", "--sms", "132",
+                         "--format", "json")
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["set"] == "tp8" and (document["arch"], document["multiprocessors"]) == ("sm_90a", 132)
+    assert document["sets"] == ["default", "tp8"]
+    assert [p["name"] for p in document["plans"]] == [s.name for s in stages.get("verify-attn").bench_set("tp8")]
+    code, out, err = run(monkeypatch, capsys, "plan", "verify-attn", "--set", "tp8", "--shape", "G16_*_prefix1024",
+                         "--arch", "sm_90a", "--format", "markdown")
+    plans, _ = markdown_tables(out)
+    assert "kdt plan verify-attn --set tp8: sm_90a" in out and "verify-attn bench shape sets (--set NAME" in out
+    assert [row[0] for row in plans["rows"] if row[0]] == [f"G16_H8_N{n}_prefix1024" for n in (8, 16, 64, 256)]
 
 
 def test_pipeline_tables_whole(monkeypatch, capsys):

@@ -32,7 +32,7 @@ def targets():
 
 
 def _items(spec):
-    for shape in spec.bench_shapes(False):
+    for shape in spec.every_bench_shape():
         yield shape.name, {n: ArraySpec(tuple(s), d) for n, (s, d) in shape.layout.items()}, dict(shape.params)
     for item in golden.read(golden.default_path("golden", spec.name), spec).cases:
         case = item.case

@@ -325,6 +325,19 @@ def test_profile_command_bench_shape_tables_and_json(monkeypatch, capsys, tmp_pa
     assert figures["roofline"]["bound_by"] == "memory" and figures["peaks"]["copy_gbps"] == 4218.0
 
 
+def test_profile_command_on_a_shape_of_another_set(monkeypatch, capsys):
+    """--set tp8: the shape is found in that set and the kdt bench under ncu is told the set too."""
+    calls = []
+    _command_fakes(monkeypatch, _plan("verify-attn", FWD, COMBINE), fake_ncu(log_form(VERIFY_ATTN_CSV), calls=calls))
+    code, out, err = run_kdt(monkeypatch, capsys, "profile", "verify-attn", "--set", "tp8", "--shape",
+                             "G4_H8_N16_prefix8192")
+    assert code == 0, out + err
+    assert calls[0][calls[0].index("-m"):] == ["-m", "kdt", "bench", "verify-attn", "--shape", "G4_H8_N16_prefix8192",
+                                               "--no-graph", "--no-baselines", "--set", "tp8"]
+    code, out, err = run_kdt(monkeypatch, capsys, "profile", "verify-attn", "--shape", "G4_H8_N16_prefix8192")
+    assert code == 3 and "bench shape of verify-attn" in err and "G4_H8_N16_prefix8192" in err   # not in the default
+
+
 def test_profile_command_golden_case_has_no_roofline(monkeypatch, capsys, root):
     monkeypatch.chdir(root)
     calls = []
@@ -367,7 +380,7 @@ def test_profile_command_exit_2_without_ncu_gpu_or_counter_permission(monkeypatc
     (("--shape", "nope*"), ["--shape", "'nope*', which matches none", "G1_H8_N8_prefix1024", "G8_H8_N8_prefix131072"]),
     (("--shape", "G1_H8_*"), ["--shape", "'G1_H8_*', which matches 2: G1_H8_N8_prefix1024, G1_H8_N16_prefix8192"]),
     (("--case", "nope"), ["--case", "'nope', which matches none", "ragged_h8_b15", "prefix_zero"]),
-    (("--case", "*"), ["--case", "which matches 6"]),
+    (("--case", "*"), ["--case", "which matches 9"]),
     ((), ["--shape / --case", "neither"]),
     (("--shape", "G1_H8_N8_prefix1024", "--case", "h1_g1"), ["--shape / --case", "both"]),
     (("--shape", "G1_H8_N8_prefix1024", "--golden", "x.h5"), ["--golden", "--case"]),

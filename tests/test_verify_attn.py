@@ -90,3 +90,26 @@ def test_golden_cases_are_the_contract_dims():
     for case in stage.make_cases():
         assert case.inputs["q"].shape[-1] == stage.KEY_DIM and case.params["d_v"] == stage.VALUE_DIM
         assert case.inputs["q"].dtype == np.dtype(ml_dtypes.bfloat16)
+
+
+def test_the_tp8_golden_cases_are_the_deployments_shapes():
+    """Issue 17's golden cases: H = 8, G in {1, 4}, N in {8, 16, 64}; ragged prefixes (an empty one, none a multiple
+    of the page, one over many pages), each request's pages a shuffled subset of a cache with unused pages, masks of
+    trees the builder made (branching, every slot under the root)."""
+    cases = [case for case in stage.make_cases() if case.name.startswith("tp8_")]
+    shapes = {case.name: case.inputs["q"].shape[:3] for case in cases}
+    assert shapes == {"tp8_g4_n8_ragged": (4, 8, 8), "tp8_g1_n16": (1, 16, 8), "tp8_g1_n64": (1, 64, 8)}
+    prefixes = np.concatenate([case.inputs["prefix_len"] for case in cases])
+    assert 0 in prefixes and all(p % PAGE_SIZE for p in prefixes if p) and max(prefixes) > 15 * PAGE_SIZE
+    for case in cases:
+        x = case.inputs
+        pages = -(-x["prefix_len"] // PAGE_SIZE)
+        used = np.concatenate([x["block_table"][g, :n] for g, n in enumerate(pages)])
+        assert len(set(used)) == len(used) < x["kv_cache"].shape[0], case.name    # unused pages in the cache
+        assert not all(np.all(np.diff(x["block_table"][g, :n]) == 1) for g, n in enumerate(pages) if n > 1), case.name
+        for g in range(len(pages)):
+            bits = unpack_mask(x["mask"][g], x["mask"].shape[1])
+            ancestors = bits.sum(axis=1)
+            assert bits[:, 0].all() and np.all(np.diag(bits)), case.name            # the root, and each slot itself
+            assert 2 < ancestors.max() < len(ancestors), case.name                  # deeper than a star, not a chain
+            assert len(ancestors) - 1 == x["n_nodes"][g], case.name                  # every slot a drafted node

@@ -1,7 +1,10 @@
 """`kdt bench`: time kernels the way engines run them, against the machine's measured peaks and the baselines;
 `--sweep KNOB=a,b,c` times every shape at each value of a launch knob, `--arch A --arch B` on each arch (e.g. the
 sm_90a build and the sm_120 configuration emulated on the same H200), side by side in one run; `--against REV` times
-another revision's kernels (or a directory of sources) against these, interleaved on the same inputs."""
+another revision's kernels (or a directory of sources) against these, interleaved on the same inputs; `--set NAME`
+runs another of a stage's named sets of shapes (verify-attn's tp8: the deployment's own). Every shape is set against
+the roofline of its byte and flop model: "bound us" = max(bytes / copy, flops / matmul) at the measured peaks,
+"% of bound" = bound / measured time (100 = at the roofline)."""
 
 from __future__ import annotations
 
@@ -14,17 +17,19 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from kdt.commands.common import FormatOption, KnobOption, SmsOption, StagesArg, knobs_for, parse_arches
+from kdt.commands.common import (FormatOption, KnobOption, SetOption, SmsOption, StagesArg, knobs_for, parse_arches,
+                                 set_label)
 from kdt.console import EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK, KdtExit, OutputFormat, Report, Sheet, styled
 from kdt.refs.errors import BadInput
 
-COLUMNS = ("shape", "path", "graph us", "eager us", "p10-p90 us", "GB/s", "% copy", "TFLOP/s", "% mma", "CPU ref us",
-           "x CPU", "torch us", "x torch")
+COLUMNS = ("shape", "path", "graph us", "eager us", "p10-p90 us", "GB/s", "% copy", "TFLOP/s", "% mma", "bound us",
+           "% of bound", "CPU ref us", "x CPU", "torch us", "x torch")
 
 
 def command(kernels: list[str] = StagesArg,
-            quick: bool = typer.Option(False, "--quick", help="only the headline shapes"),
-            shape: Optional[str] = typer.Option(None, "--shape", help="only shapes matching this glob"),
+            shape_set: Optional[str] = SetOption,
+            quick: bool = typer.Option(False, "--quick", help="only the set's headline shapes"),
+            shape: Optional[str] = typer.Option(None, "--shape", help="only the set's shapes matching this glob"),
             json_file: Optional[Path] = typer.Option(None, "--json", help="write the results as JSON"),
             baseline: Optional[Path] = typer.Option(None, "--baseline", help="an earlier --json to compare with"),
             max_regression: float = typer.Option(10.0, "--max-regression", min=0,
@@ -45,16 +50,19 @@ def command(kernels: list[str] = StagesArg,
             output: OutputFormat = FormatOption):
     """Time kernels (CUDA events, graph mode, rotated inputs) against the machine's measured peaks."""
     from kdt import bench, build, peaks, report, runtime, stages
+    from kdt.spec import DEFAULT_BENCH_SET
 
     specs = stages.select(kernels)
+    shape_set = shape_set or DEFAULT_BENCH_SET
+    chosen_shapes = shapes_to_run(specs, shape_set, quick, shape)
     fixed = knobs_for(specs, knob)
     points = _sweep_points(specs, sweep)
     if against is not None:
         if baseline is not None or plot_file is not None:
             raise BadInput("--against", "no --baseline or --plot with it (it compares two builds in one run)",
                            "both given")
-        raise typer.Exit(_against(specs, against, quick, shape, fixed, points, arch, sms, no_graph, max_regression,
-                                  json_file, output))
+        raise typer.Exit(_against(specs, against, shape_set, chosen_shapes, fixed, points, arch, sms, no_graph,
+                                  max_regression, json_file, output))
     before = None
     if baseline is not None:
         try:
@@ -75,16 +83,15 @@ def command(kernels: list[str] = StagesArg,
                    f"TFLOP/s ({machine.matmul_how})"))
     results = []
     for spec in specs:
-        if spec.bench_shapes is None:
+        if spec.name not in chosen_shapes:
             out.say(f"{spec.name}: no benchmark shapes defined")
             continue
-        chosen = [s for s in spec.bench_shapes(quick) if shape is None or fnmatch.fnmatch(s.name, shape)]
         sweep_name = sweep.partition("=")[0].strip() if sweep else None
         extra = (("arch",) if len(runs) > 1 else ()) + ((sweep_name,) if sweep_name else ())
         columns = COLUMNS[:1] + extra + COLUMNS[1:]
-        table = Sheet(f"kdt bench {spec.name}: us per launch (graph mode is the headline)", columns,
-                      right=[c for c in columns if c not in ("shape", "path", "arch")])
-        for item in chosen:
+        table = Sheet(f"kdt bench {spec.name}{set_label(shape_set)}: us per launch (graph mode is the headline)",
+                      columns, right=[c for c in columns if c not in ("shape", "path", "arch")])
+        for item in chosen_shapes[spec.name]:
             for name in runs:
                 for point in points:
                     with runtime.selected(name if arch else None, sms):
@@ -95,11 +102,11 @@ def command(kernels: list[str] = StagesArg,
                     table.add_row(*_row(r, cells))
         out.table(table)
     if json_file:
-        report.write_atomically(json_file, bench.results_json(results, machine))
+        report.write_atomically(json_file, bench.results_json(results, machine, shape_set))
     if plot_file:
         bench.plot(results, plot_file)
     slower = bench.regressions(results, before, max_regression) if before is not None else []
-    document = json.loads(bench.results_json(results, machine))
+    document = json.loads(bench.results_json(results, machine, shape_set))
     if before is not None:
         document["regressions"] = [{"kernel": kernel, "shape": name, "baseline_us": old, "now_us": new}
                                    for kernel, name, old, new in slower]
@@ -113,7 +120,15 @@ def command(kernels: list[str] = StagesArg,
     raise typer.Exit(EXIT_CHECK_FAILED if slower else EXIT_OK)
 
 
-def _against(specs, against: str, quick: bool, shape: Optional[str], fixed: dict, points: list[dict],
+def shapes_to_run(specs, shape_set: str, quick: bool, pattern: Optional[str]) -> dict[str, list]:
+    """{stage: its shapes of `shape_set` (--quick: the set's headline shapes) whose names match the glob `pattern`},
+    for every stage with bench shapes; BadInput naming --set where a stage lacks the set, before anything runs."""
+    return {spec.name: [item for item in spec.bench_set(shape_set, quick)
+                        if pattern is None or fnmatch.fnmatch(item.name, pattern)]
+            for spec in specs if spec.bench_set_names()}
+
+
+def _against(specs, against: str, shape_set: str, chosen_shapes: dict[str, list], fixed: dict, points: list[dict],
              arch: Optional[list[str]], sms: Optional[int], no_graph: bool, max_regression: float,
              json_file: Optional[Path], output: OutputFormat) -> int:
     """kdt bench --against: each shape with these kernels and with the other build's, round by round."""
@@ -131,7 +146,7 @@ def _against(specs, against: str, quick: bool, shape: Optional[str], fixed: dict
         out.say(escape(f"these kernels ({paths.KERNELS}) against {against} ({theirs}); ratio = ours / theirs, "
                        f"median of {bench.COMPARE_ROUNDS} alternating rounds (p10-p90 of the rounds)"))
         for spec in specs:
-            table = Sheet(f"kdt bench {spec.name} --against {against}",
+            table = Sheet(f"kdt bench {spec.name}{set_label(shape_set)} --against {against}",
                           ("shape", *(("arch",) if arch else ()), *(("knob",) if points != [{}] else ()), "path",
                            "mode", "ours us", "theirs us", "ratio", "p10-p90", "verdict"),
                           right=("ours us", "theirs us", "ratio", "p10-p90"))
@@ -139,8 +154,7 @@ def _against(specs, against: str, quick: bool, shape: Optional[str], fixed: dict
                 with runtime.selected(name, sms):
                     build.build(spec, runtime.device_arch())
                     build.build(spec, runtime.device_arch(), kernels_dir=theirs)
-            chosen = [s for s in spec.bench_shapes(quick) if shape is None or fnmatch.fnmatch(s.name, shape)]
-            for item in chosen:
+            for item in chosen_shapes.get(spec.name, []):
                 for name in runs:
                     for point in points:
                         with runtime.selected(name, sms):
@@ -155,7 +169,7 @@ def _against(specs, against: str, quick: bool, shape: Optional[str], fixed: dict
                                       c.path, c.mode, f"{c.ours.median_us:.2f}", f"{c.theirs.median_us:.2f}",
                                       f"{c.ratio:.3f}", f"{c.ratio_p10:.3f}-{c.ratio_p90:.3f}", verdict)
             out.table(table)
-    document = {"against": against, "max_regression_pct": max_regression,
+    document = {"against": against, "set": shape_set, "max_regression_pct": max_regression,
                 "comparisons": [dataclasses.asdict(c) for c in results]}
     if json_file:
         report.write_atomically(json_file, json.dumps(document, indent=2))
@@ -189,6 +203,7 @@ def _row(r, sweep_cells: list[str]) -> list[str]:
     return [r.shape, *sweep_cells, r.path, f"{r.graph.median_us:.2f}" if r.graph else "-", f"{r.eager.median_us:.2f}",
             f"{spread.p10_us:.2f}-{spread.p90_us:.2f}", f"{r.gbps:,.0f}", f"{r.pct_copy_peak:.1f}",
             f"{r.tflops:.1f}" if r.flops else "-", f"{r.pct_matmul_peak:.1f}" if r.flops else "-",
+            f"{r.bound_us:,.3f}", f"{r.pct_of_bound:.1f}",
             f"{r.cpu_reference_us:,.0f}" if r.cpu_reference_us else "-",
             f"{r.cpu_reference_us / r.headline_us:,.0f}" if r.cpu_reference_us else "-",
             f"{r.torch_us:.2f}" if r.torch_us else "-", f"{r.torch_us / r.headline_us:.1f}" if r.torch_us else "-"]

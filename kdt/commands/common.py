@@ -26,6 +26,9 @@ SmsOption = typer.Option(None, "--sms", min=1, help="make launch plans for a GPU
                                                     "(an emulated one: 70 for an RTX 5070 Ti, 188 for an RTX PRO 6000)")
 KnobOption = typer.Option(None, "--knob", metavar="NAME=VALUE",
                           help="a launch knob of the stage (repeatable; `kdt plan STAGE` lists them)")
+SetOption = typer.Option(None, "--set", metavar="NAME",
+                         help="a named set of the stage's bench shapes (default: its default set; a name it lacks: "
+                              "the error lists its sets)")
 FormatOption = typer.Option(OutputFormat.table, "--format", case_sensitive=False,
                             help="table (rich), markdown (GitHub tables on stdout) or json (one document on stdout)")
 
@@ -45,6 +48,13 @@ def parse_arches(requested: Optional[list[str]]) -> list[str]:
             if name not in chosen:
                 chosen.append(name)
     return chosen
+
+
+def set_label(shape_set: str) -> str:
+    """What a table's title says of the bench shape set (--set): nothing for the default one."""
+    from kdt.spec import DEFAULT_BENCH_SET
+
+    return "" if shape_set == DEFAULT_BENCH_SET else f" --set {shape_set}"
 
 
 def select_run(arch: Optional[str], sms: Optional[int]) -> None:

@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from kdt import arches
-from kdt.commands.common import FormatOption, KnobOption, knobs_for
+from kdt.commands.common import FormatOption, KnobOption, SetOption, knobs_for, set_label
 from kdt.console import EXIT_OK, OutputFormat, Report, Sheet
 from kdt.refs.errors import BadInput
 
@@ -21,6 +21,7 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
             case: Optional[str] = typer.Option(None, "--case", help="the golden cases matching this glob instead "
                                                                     "of the bench shapes"),
             shape: Optional[str] = typer.Option(None, "--shape", help="only bench shapes matching this glob"),
+            shape_set: Optional[str] = SetOption,
             golden_file: Optional[Path] = typer.Option(None, "--golden", help="with --case: default golden/<kernel>.h5"),
             arch: Optional[str] = typer.Option(None, "--arch", help="plan for this arch (default: the GPU's, else sm_120)"),
             sms: Optional[int] = typer.Option(None, "--sms", min=1, help="multiprocessors of the GPU planned for "
@@ -31,12 +32,16 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
     """Print the launch plans of a stage, and its knobs."""
     from kdt import ops, runtime, stages
     from kdt.launch.plan import knob_help
+    from kdt.spec import DEFAULT_BENCH_SET
 
     spec = stages.get(kernel)
+    if case is not None and shape_set is not None:
+        raise BadInput("--set", "no --set with --case (it picks bench shapes, not golden cases)", repr(shape_set))
+    shape_set = shape_set or DEFAULT_BENCH_SET
     knobs = knobs_for([spec], knob)[spec.name]
+    items = _cases(spec, case, golden_file) if case is not None else _shapes(spec, shape_set, shape)
     target = _target(spec.name, arch, sms)
-    items = _cases(spec, case, golden_file) if case is not None else _shapes(spec, shape)
-    table = Sheet(f"kdt plan {spec.name}: {target.arch}, {target.multiprocessors} SMs"
+    table = Sheet(f"kdt plan {spec.name}{set_label(shape_set)}: {target.arch}, {target.multiprocessors} SMs"
                   + (f", knobs {', '.join(f'{k}={v}' for k, v in knobs.items())}" if knobs else ""),
                   ("case" if case is not None else "shape", "path", "function", "grid", "block", "cluster",
                    "smem B", "workspace B", "facts"))
@@ -59,7 +64,11 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
     for name, text in knob_texts.items():
         help_table.add_row(name, text)
     out.table(help_table)
-    document = {"arch": target.arch, "multiprocessors": target.multiprocessors, "knobs_set": knobs, "plans": plans,
+    sets = spec.bench_set_names()
+    if sets:
+        out.say(f"{spec.name} bench shape sets (--set NAME, for plan, bench and profile): {', '.join(sets)}")
+    document = {"arch": target.arch, "multiprocessors": target.multiprocessors, "knobs_set": knobs,
+                **({} if case is not None else {"set": shape_set}), "sets": sets, "plans": plans,
                 "knobs": knob_texts}
     out.document(document)
     if json_file:
@@ -91,14 +100,15 @@ def _has_gpu() -> bool:
         return False
 
 
-def _shapes(spec, pattern: Optional[str]):
+def _shapes(spec, shape_set: str, pattern: Optional[str]) -> list[tuple]:
+    """(name, input ArraySpecs, params) of the set's bench shapes matching `pattern`; BadInput naming --set for a set
+    the stage lacks."""
     from kdt.launch.plan import ArraySpec
 
-    if spec.bench_shapes is None:
+    if not spec.bench_set_names():
         return []
-    for item in spec.bench_shapes(False):
-        if pattern is None or fnmatch.fnmatch(item.name, pattern):
-            yield item.name, {n: ArraySpec(tuple(s), d) for n, (s, d) in item.layout.items()}, dict(item.params)
+    return [(item.name, {n: ArraySpec(tuple(s), d) for n, (s, d) in item.layout.items()}, dict(item.params))
+            for item in spec.bench_set(shape_set) if pattern is None or fnmatch.fnmatch(item.name, pattern)]
 
 
 def _cases(spec, pattern: str, golden_file: Optional[Path]):

@@ -13,7 +13,8 @@ from rich.markup import escape
 
 from kdt import profile, toolkit
 from kdt.commands import common
-from kdt.commands.common import FormatOption, KnobOption, RunArchOption, SmsOption, knobs_for, select_run
+from kdt.commands.common import (FormatOption, KnobOption, RunArchOption, SetOption, SmsOption, knobs_for,
+                                 select_run, set_label)
 from kdt.console import EXIT_OK, OutputFormat, Report, Sheet, errors
 from kdt.refs.errors import BadInput
 
@@ -21,6 +22,7 @@ from kdt.refs.errors import BadInput
 def command(kernel: str = typer.Argument(..., help="a kernel name"),
             shape: Optional[str] = typer.Option(None, "--shape", help="the bench shape matching this glob "
                                                                       "(exactly one; `kdt plan KERNEL` lists them)"),
+            shape_set: Optional[str] = SetOption,
             case: Optional[str] = typer.Option(None, "--case", help="the golden case matching this glob (exactly one)"),
             golden_file: Optional[Path] = typer.Option(None, "--golden", help="with --case: default "
                                                                                "golden/<kernel>.h5"),
@@ -33,7 +35,7 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
     from kdt import peaks, runtime, stages
 
     spec = stages.get(kernel)
-    kind, name, inputs, params, bench_shape, golden_path = _subject(spec, shape, case, golden_file)
+    kind, name, inputs, params, bench_shape, golden_path = _subject(spec, shape, shape_set, case, golden_file)
     knobs = knobs_for([spec], knob)[spec.name]
     select_run(arch, sms)
     runtime.cupy()  # no GPU: exit 2 before looking for anything else
@@ -57,7 +59,7 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
                  f"{escape(', '.join(dict.fromkeys(functions)))} ({escape(plan.path)}) ...")
     result = profile.run_profile(spec.name, functions, ncu=ncu, shape=name if kind == "shape" else None,
                                  case=name if kind == "case" else None, golden=golden_path, knobs=knob or (),
-                                 arch=arch, sms=sms, timeout_s=timeout)
+                                 arch=arch, sms=sms, timeout_s=timeout, shape_set=shape_set)
     roof = None
     if bench_shape is not None and result.kernels:
         roof = profile.roofline(bench_shape.bytes_moved, bench_shape.flops, machine.copy_gbps, machine.matmul_tflops,
@@ -85,20 +87,25 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
     raise typer.Exit(code if problem else EXIT_OK)
 
 
-def _subject(spec, shape: Optional[str], case: Optional[str], golden_file: Optional[Path]):
-    """(kind, name, input ArraySpecs, params, BenchShape or None, golden file or None) of the one shape or case."""
+def _subject(spec, shape: Optional[str], shape_set: Optional[str], case: Optional[str], golden_file: Optional[Path]):
+    """(kind, name, input ArraySpecs, params, BenchShape or None, golden file or None) of the one shape (of
+    `shape_set`, None: the default set) or case."""
     from kdt import golden
     from kdt.dtypes import name as dtype_name
     from kdt.launch.plan import ArraySpec
+    from kdt.spec import DEFAULT_BENCH_SET
 
     if (shape is None) == (case is None):
         raise BadInput("--shape / --case", "one of them (a bench shape or a golden case)",
                        "both" if shape is not None else "neither")
     if golden_file is not None and case is None:
         raise BadInput("--golden", "--case to go with it", "--shape")
+    if shape_set is not None and case is not None:
+        raise BadInput("--set", "no --set with --case (it picks bench shapes, not golden cases)", repr(shape_set))
     if shape is not None:
-        shapes = spec.bench_shapes(False) if spec.bench_shapes is not None else []
-        name = profile.pick_one(shape, [item.name for item in shapes], "--shape", f"bench shape of {spec.name}")
+        shapes = spec.bench_set(shape_set or DEFAULT_BENCH_SET) if spec.bench_set_names() else []
+        what = f"bench shape of {spec.name}{set_label(shape_set or DEFAULT_BENCH_SET)}"
+        name = profile.pick_one(shape, [item.name for item in shapes], "--shape", what)
         item = next(item for item in shapes if item.name == name)
         inputs = {n: ArraySpec(tuple(s), d) for n, (s, d) in item.layout.items()}
         return "shape", name, inputs, dict(item.params), item, None

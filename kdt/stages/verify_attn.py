@@ -18,6 +18,7 @@ VALUE_DIM = 512
 PAGE_SIZE = reference.PAGE_SIZE
 OUT_RTOL, OUT_FLOOR, OUT_GLOBAL_RTOL = 8e-3, 1e-3, 4e-3
 LSE_ATOL = 2e-3
+TP8_HEADS = 8    # heads per GPU of the deployment: Kimi K2.6's 64 under tensor parallelism 8 (issue 17)
 
 
 def attention_inputs(rng: np.random.Generator, prefix_lens: list[int], heads: int, depth: int, fanout: int,
@@ -70,6 +71,15 @@ def make_cases() -> list[Case]:
               attention_inputs(rng(405), [320, 250], 8, 7, 8, 7, shuffle_pages=False)),
         _case("b40_unaligned_slots", "N=41 (not a multiple of any tile), H=16, prefix 500", 406,
               attention_inputs(rng(406), [500], 16, 7, 8, 40)),
+        # the deployment's own shapes (H = 8 heads per GPU under TP 8, small batches: issue 17) for the split plans of
+        # G = 1 and of a ragged G = 4; prefixes short enough for the file (a page is 57 KB compressed, and an N=64
+        # request at H=8 is 1.4 MB of q and out alone), long enough that sm_90a splits the first two today
+        _case("tp8_g4_n8_ragged", "TP8: G=4 H=8 N=8, prefixes 129 / 0 / 1000 (16 pages) / 63, pages shuffled", 407,
+              attention_inputs(rng(407), [129, 0, 1000, 63], TP8_HEADS, 7, 8, 7, spare_pages=2)),
+        _case("tp8_g1_n16", "TP8: G=1 H=8 N=16, prefix 577 (10 pages, one key on the last), pages shuffled", 408,
+              attention_inputs(rng(408), [577], TP8_HEADS, 7, 8, 15, spare_pages=1)),
+        _case("tp8_g1_n64", "TP8: G=1 H=8 N=64, prefix 65 (one key on the second page)", 409,
+              attention_inputs(rng(409), [65], TP8_HEADS, 15, 8, 63, spare_pages=1)),
     ]
 
 
@@ -203,32 +213,51 @@ def _device_inputs(cp, groups: int, heads: int, slots: int, prefix: int, seed: i
     return device
 
 
-def bench_shapes(quick: bool):
+def _bench_shape(groups: int, heads: int, slots: int, prefix: int):
+    """One bench shape: G requests of `slots` tree slots and `heads` heads over a `prefix`-token paged prefix each.
+    Model: every key (prefix and tree) read once per request, q read and out (float32) and lse written once; flops
+    2*H*N*(prefix+N)*(Dqk+Dv) per request (S = Q K^T and P V)."""
     from kdt.bench import BenchShape
 
-    def shape(groups, heads, slots, prefix):
-        keys = groups * (prefix + slots) * KEY_DIM * 2
-        moved = keys + groups * slots * heads * (KEY_DIM * 2 + VALUE_DIM * 4 + 4)
-        flops = 2 * heads * slots * (prefix + slots) * (KEY_DIM + VALUE_DIM) * groups
-        pages = (prefix + PAGE_SIZE - 1) // PAGE_SIZE
-        layout = {"q": ((groups, slots, heads, KEY_DIM), "bfloat16"),
-                  "kv_cache": ((max(groups * pages, 1), PAGE_SIZE, KEY_DIM), "bfloat16"),
-                  "block_table": ((groups, max(pages, 1)), "int32"), "prefix_len": ((groups,), "int32"),
-                  "kv_tree": ((groups, slots, KEY_DIM), "bfloat16"),
-                  "mask": ((groups, slots, mask_words(slots)), "uint32"), "n_nodes": ((groups,), "int32")}
-        return BenchShape(f"G{groups}_H{heads}_N{slots}_prefix{prefix}",
-                          lambda cp: _device_inputs(cp, groups, heads, slots, prefix, seed=groups + heads + slots),
-                          {"softmax_scale": float(1.0 / np.sqrt(KEY_DIM)), "d_v": VALUE_DIM, "out_dtype": "float32"},
-                          layout, moved, flops, cpu_baseline=False, size=flops, size_label="flops (model)")
+    keys = groups * (prefix + slots) * KEY_DIM * 2
+    moved = keys + groups * slots * heads * (KEY_DIM * 2 + VALUE_DIM * 4 + 4)
+    flops = 2 * heads * slots * (prefix + slots) * (KEY_DIM + VALUE_DIM) * groups
+    pages = (prefix + PAGE_SIZE - 1) // PAGE_SIZE
+    layout = {"q": ((groups, slots, heads, KEY_DIM), "bfloat16"),
+              "kv_cache": ((max(groups * pages, 1), PAGE_SIZE, KEY_DIM), "bfloat16"),
+              "block_table": ((groups, max(pages, 1)), "int32"), "prefix_len": ((groups,), "int32"),
+              "kv_tree": ((groups, slots, KEY_DIM), "bfloat16"),
+              "mask": ((groups, slots, mask_words(slots)), "uint32"), "n_nodes": ((groups,), "int32")}
+    return BenchShape(f"G{groups}_H{heads}_N{slots}_prefix{prefix}",
+                      lambda cp: _device_inputs(cp, groups, heads, slots, prefix, seed=groups + heads + slots),
+                      {"softmax_scale": float(1.0 / np.sqrt(KEY_DIM)), "d_v": VALUE_DIM, "out_dtype": "float32"},
+                      layout, moved, flops, cpu_baseline=False, size=flops, size_label="flops (model)")
 
-    headline = [shape(1, 64, 256, 32768), shape(8, 8, 8, 131072)]
+
+def bench_shapes(quick: bool):
+    """The default set: heads 8 to 64, batches 1 to 32, prefixes 1K to 128K."""
+    headline = [_bench_shape(1, 64, 256, 32768), _bench_shape(8, 8, 8, 131072)]
     if quick:
         return headline
-    grid = [shape(g, h, n, p) for g, h, n, p in [
+    grid = [_bench_shape(g, h, n, p) for g, h, n, p in [
         (1, 8, 8, 1024), (1, 8, 16, 8192), (1, 16, 64, 8192), (1, 64, 64, 32768), (1, 16, 256, 131072),
         (8, 16, 64, 8192), (8, 64, 8, 32768), (8, 64, 256, 8192), (8, 8, 64, 131072),
         (32, 8, 8, 1024), (32, 16, 8, 8192), (32, 64, 64, 1024), (32, 8, 256, 32768)]]
     return headline + grid
+
+
+TP8_GROUPS, TP8_SLOTS, TP8_PREFIXES = (1, 4, 16), (8, 16, 64, 256), (1024, 8192, 32768, 131072)
+# --quick: the shapes of issue 17's table
+TP8_HEADLINE = ((1, 8, 1024), (1, 16, 8192), (1, 16, 32768), (1, 64, 32768), (4, 16, 8192), (4, 8, 32768),
+                (16, 8, 8192), (1, 256, 32768))
+
+
+def tp8_bench_shapes(quick: bool):
+    """The deployment's own shapes (`--set tp8`): H = 8 heads per GPU, small batches, G x N x prefix in full. The
+    largest, G16_H8_N256_prefix131072, holds 2.5 GB of inputs (the cache: 32768 pages); making them on the GPU
+    and the SDPA baseline's gathered keys and mask take a few times that, far below an H200's 141 GB."""
+    chosen = TP8_HEADLINE if quick else [(g, n, p) for g in TP8_GROUPS for n in TP8_SLOTS for p in TP8_PREFIXES]
+    return [_bench_shape(g, TP8_HEADS, n, p) for g, n, p in chosen]
 
 
 def torch_baseline(inputs, params):
@@ -274,6 +303,7 @@ SPEC = StageSpec(
     random_case=random_case,
     shrink=shrink_case,
     bench_shapes=bench_shapes,
+    bench_sets={"tp8": tp8_bench_shapes},
     torch_baseline=torch_baseline,
     check_launch=check_launch,
 )
