@@ -118,3 +118,25 @@ def to_sglang(token: np.ndarray, first_child: np.ndarray, next_sibling: np.ndarr
             "retrive_next_token": first_child.astype(np.int64),
             "retrive_next_sibling": next_sibling.astype(np.int64),
             "candidates": token.astype(np.int64)}
+
+
+SGLANG_TREE = ("retrive_index", "retrive_next_token", "retrive_next_sibling", "candidates")
+
+
+def kdt_tree_inputs(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A stage's inputs with a tree in SGLang's encoding (all four of `SGLANG_TREE`, no `token` / `first_child` /
+    `next_sibling`) turned into kdt's, `n_nodes` included (N - 1 unless given); any other inputs unchanged. What
+    `kdt gen-golden --inputs` applies to captured files, so a batch captured from an SGLang engine runs through
+    `tree-accept` as it is."""
+    if not any(name in inputs for name in SGLANG_TREE):
+        return inputs
+    missing = [name for name in SGLANG_TREE if name not in inputs]
+    if missing:
+        raise BadInput(missing[0], "all of " + ", ".join(SGLANG_TREE) + " (SGLang's tree encoding)", "missing")
+    both = [name for name in ("token", "first_child", "next_sibling") if name in inputs]
+    if both:
+        raise BadInput(both[0], "one tree encoding: kdt's or SGLang's, not both", "both given")
+    converted = from_sglang(*(inputs[name] for name in SGLANG_TREE))
+    if "n_nodes" in inputs:
+        converted.pop("n_nodes")
+    return {**{key: value for key, value in inputs.items() if key not in SGLANG_TREE}, **converted}

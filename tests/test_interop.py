@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kdt import interop
 from kdt.interop import from_sglang, to_sglang
 from kdt.refs.errors import BadInput
 from kdt.refs.tree_accept import tree_accept
@@ -154,3 +155,40 @@ def test_malformed_kdt_input_names_the_argument(name, change, argument):
     with pytest.raises(BadInput) as error:
         to_sglang(**tree)
     assert error.value.argument.split("[")[0] == argument
+
+
+def test_gen_golden_takes_trees_captured_in_sglangs_encoding(tmp_path, monkeypatch, capsys):
+    """A captured tree-accept batch in SGLang's arrays (n_nodes kept, as a capture may record it) gives the same
+    expected outputs as the same batch in kdt's."""
+    from dataclasses import replace
+
+    from kdt import golden, stages
+    from tests.cli_run import run_kdt_cli
+
+    spec = stages.get("tree-accept")
+    source = [case for case in spec.make_cases() if case.name in ("target_logits_f32", "other_builder_layout")]
+    captured = []
+    for case in source:
+        tree = {name: case.inputs[name] for name in ("token", "first_child", "next_sibling")}
+        full = {key: value for key, value in case.inputs.items() if key not in tree and key != "n_nodes"}
+        captured.append(replace(case, inputs={**full, **interop.to_sglang(**tree), "n_nodes": case.inputs["n_nodes"]}))
+    golden.write(tmp_path / "captured.h5", spec, [golden.GoldenCase(case, {}) for case in captured], inputs_only=True)
+    code, out, err = run_kdt_cli(monkeypatch, capsys, "gen-golden", "--inputs", str(tmp_path / "captured.h5"),
+                                 "--out", str(tmp_path / "out.h5"))
+    assert code == 0, err
+    got = {item.case.name: item.expected for item in golden.read(tmp_path / "out.h5", spec).cases}
+    for case in source:
+        want = spec.run_reference(case.inputs, case.params)
+        for name, array in want.items():
+            np.testing.assert_array_equal(got[case.name][name], array)
+
+
+def test_sglang_and_kdt_encodings_in_one_case_are_refused():
+    tree = {"token": np.zeros((1, 2), np.int32), "first_child": np.array([[1, -1]], np.int32),
+            "next_sibling": np.full((1, 2), -1, np.int32)}
+    with pytest.raises(BadInput) as error:
+        interop.kdt_tree_inputs({**tree, **interop.to_sglang(**tree)})
+    assert error.value.argument == "token" and "not both" in error.value.expected
+    with pytest.raises(BadInput) as error:
+        interop.kdt_tree_inputs({"retrive_index": interop.to_sglang(**tree)["retrive_index"]})
+    assert error.value.argument == "retrive_next_token"

@@ -1,5 +1,5 @@
-"""`kdt pipeline`: speculative decoding end to end must be lossless (CPU backend in CI; the GPU backend where
-there is one). Small vocabularies and few tokens keep every test fast on two cores."""
+"""`kdt pipeline`: speculative decoding end to end must be lossless, greedy or sampled (CPU backend in CI; the GPU
+backend where there is one). Small vocabularies and few tokens keep every test fast on two cores."""
 
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ import numpy as np
 import pytest
 
 import kdt.refs.tree_accept as ref_tree_accept
+import kdt.refs.tree_sample as ref_tree_sample
 from kdt import pipeline
-from kdt.pipeline import PipelineConfig, PipelineResult
-from kdt.pipeline.acceptance import greedy
+from kdt.pipeline import PipelineConfig, PipelineResult, acceptance
+from kdt.pipeline.acceptance import greedy, plain_decode
+from kdt.pipeline.check import check_step
 from kdt.pipeline.config import PROMPT_LEN, validate
 from kdt.pipeline.drafter import draft_logits
-from kdt.pipeline.step import GRAPH_STAGES, KDT_STAGES, STAGES, append_accepted, slot_contexts
+from kdt.pipeline.result import stage_timings
+from kdt.pipeline.step import GRAPH_STAGES, KDT_STAGES, STAGES, append_accepted, make_prompts, slot_contexts
 from kdt.pipeline.target import CLIP, HIDDEN, TargetModel
 from kdt.refs.errors import BadInput
 from kdt.refs.topk import topk
@@ -106,6 +109,169 @@ def test_same_seed_same_run_other_seed_other_text():
     assert not np.array_equal(a.generated, c.generated)
 
 
+# ---- sampling: temperature, top-k, top-p -----------------------------------------------------------------------
+# The synthetic target's logits are integers spread ~110 apart (the top two ~20 apart), so temperatures of tens
+# make draws that often leave the argmax; at 0.8 only a few do.
+
+
+def argmax_decode(config: PipelineConfig) -> np.ndarray:
+    """The target's greedy decoding, written without the pipeline's acceptance module."""
+    model = TargetModel.create(config.seed, config.vocab)
+    sequence = make_prompts(config.seed, config.batch, config.vocab)
+    out = []
+    for _ in range(config.tokens):
+        out.append(np.argmax(model.logits(sequence[:, -3:]), axis=1).astype(np.int32))  # ties: the smaller id
+        sequence = np.concatenate([sequence[:, -2:], out[-1][:, None]], axis=1)
+    return np.stack(out, axis=1)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p, seed, quality", [
+    (0.8, 0, 0.95, 1, 0.8),
+    (8.0, 0, 1.0, 2, 0.9),
+    (30.0, 20, 1.0, 3, 0.7),
+    (30.0, 0, 0.7, 4, 0.9),
+    (100.0, 50, 0.9, 2**64 - 1, 0.8),
+    (1000.0, 0, 1.0, 5, 1.0),   # nearly uniform: the drafter's greedy guesses are seldom drawn
+])
+def test_sampled_speculative_decoding_equals_plain_sampling(temperature, top_k, top_p, seed, quality):
+    result = run_cpu(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, draft_quality=quality)
+    assert result.lossless and result.passed, result.mismatch
+    assert np.array_equal(result.generated, result.plain)
+    # the baseline is plain sampling, drawn apart from the speculative run: one token per target call
+    assert np.array_equal(result.plain, plain_decode(result.config, TargetModel.create(seed, SMALL.vocab),
+                                                     make_prompts(seed, SMALL.batch, SMALL.vocab)))
+    assert sum(len(step) for step in result.accept_lens) == int(result.request_steps.sum())
+    assert result.tokens_per_target_call >= 1.0
+    if temperature >= 8:  # hot enough that the text leaves the greedy one
+        assert not np.array_equal(result.generated, argmax_decode(result.config))
+
+
+def test_sampling_reports_acceptance_that_falls_with_temperature():
+    cool, hot = (run_cpu(temperature=t, draft_quality=0.9, tokens=32) for t in (0.8, 100.0))
+    assert cool.lossless and hot.lossless
+    assert cool.mean_accept_len > hot.mean_accept_len > 0  # the drafter guesses the greedy tokens
+    assert cool.tokens_per_target_call > hot.tokens_per_target_call >= 1.0
+
+
+@pytest.mark.parametrize("top_k, top_p", [(1, 1.0), (0, 1e-6)])
+def test_a_kept_set_of_one_token_samples_the_greedy_text(top_k, top_p):
+    result = run_cpu(temperature=50.0, top_k=top_k, top_p=top_p, draft_quality=1.0, depth=4)
+    assert result.lossless
+    assert np.array_equal(result.generated, argmax_decode(result.config))
+    assert (result.all_accept_lens == 4).all()  # a perfect greedy drafter is accepted to the full depth
+
+
+def test_temperature_0_is_todays_greedy_run(monkeypatch):
+    greedy_run = run_cpu()
+    assert np.array_equal(greedy_run.generated, argmax_decode(SMALL))
+    zero = run_cpu(temperature=0.0, top_k=3, top_p=0.5)  # the contract: top-k and top-p ignored at temperature 0
+    assert np.array_equal(zero.generated, greedy_run.generated)
+    assert [x.tolist() for x in zero.accept_lens] == [x.tolist() for x in greedy_run.accept_lens]
+    # the sampled rule's own temperature-0 case (tree-sample, sample) is the greedy run too, token for token
+    monkeypatch.setattr(acceptance, "is_greedy", lambda config: False)
+    sampled = run_cpu(temperature=0.0)
+    assert sampled.lossless
+    assert np.array_equal(sampled.generated, greedy_run.generated)
+    assert [x.tolist() for x in sampled.accept_lens] == [x.tolist() for x in greedy_run.accept_lens]
+
+
+def test_another_seed_samples_another_text():
+    result = run_cpu(temperature=30.0)
+    model = TargetModel.create(SMALL.seed, SMALL.vocab)
+    prompts = make_prompts(SMALL.seed, SMALL.batch, SMALL.vocab)
+    other = plain_decode(replace(result.config, seed=SMALL.seed + 1), model, prompts)  # same model, other noise
+    assert not np.array_equal(result.generated, other)
+
+
+def test_noise_keyed_by_the_wrong_position_fails_the_lossless_check(monkeypatch):
+    real = ref_tree_sample.tree_sample
+
+    def one_position_late(*args, position, **kwargs):
+        return real(*args, position=position + 1, **kwargs)
+
+    monkeypatch.setattr(ref_tree_sample, "tree_sample", one_position_late)
+    result = run_cpu(temperature=30.0)
+    assert not result.lossless and not result.passed
+    assert result.plain[result.mismatch.request, result.mismatch.position] == result.mismatch.expected
+
+
+def test_cli_sampling_run_shows_its_options(root, tmp_path):
+    out = tmp_path / "sampled.json"
+    done = kdt("pipeline", "--backend", "cpu", "--batch", "2", "--budget", "15", "--depth", "4", "--topk", "4",
+               "--tokens", "16", "--vocab", "256", "--temperature", "20", "--top-k", "40", "--top-p", "0.9",
+               "--seed", "18446744073709551615", "--json", str(out), cwd=root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "sampling T=20 top-k=40 top-p=0.9" in done.stdout
+    assert "lossless (= the target's plain sampling with the same seed)" in done.stdout
+    assert "tree-sample" in done.stdout and "mean accepted length" in done.stdout
+    report = json.loads(out.read_text())
+    assert report["lossless"] is True and report["acceptance_stage"] == "tree-sample"
+    assert {key: report["config"][key] for key in ("temperature", "top_k", "top_p", "seed")} == {
+        "temperature": 20.0, "top_k": 40, "top_p": 0.9, "seed": 2**64 - 1}
+    assert report["tokens_per_target_call"] >= 1.0 and report["accept_len_histogram"]
+
+
+@pytest.mark.parametrize("changes, option", [
+    ({"temperature": -0.5}, "--temperature"),
+    ({"temperature": float("nan")}, "--temperature"),
+    ({"temperature": float("inf")}, "--temperature"),
+    ({"temperature": 1e-50}, "--temperature"),    # 0 as float32: greedy by accident
+    ({"top_k": -1}, "--top-k"),
+    ({"top_k": 257}, "--top-k"),                  # above --vocab
+    ({"top_p": 0.0}, "--top-p"),
+    ({"top_p": 1.5}, "--top-p"),
+    ({"top_p": float("nan")}, "--top-p"),
+    ({"seed": -1}, "--seed"),
+    ({"seed": 2**64}, "--seed"),
+])
+def test_bad_sampling_options_are_named(changes, option):
+    with pytest.raises(BadInput) as error:
+        validate(replace(SMALL, **{"temperature": 1.0, **changes}))
+    assert error.value.argument == option
+
+
+def test_the_gpu_backend_refuses_to_sample_until_the_tree_sample_kernel_exists():
+    validate(replace(SMALL, backend="gpu"))  # temperature 0: today's greedy run
+    validate(replace(SMALL, backend="gpu", top_k=5, top_p=0.5))  # ignored at temperature 0, as the contract says
+    with pytest.raises(BadInput) as error:
+        validate(replace(SMALL, backend="gpu", temperature=0.8))
+    assert error.value.argument == "--temperature"
+    assert "tree-sample kernel" in str(error.value) and "--backend cpu" in str(error.value)
+
+
+def test_cli_sampling_on_the_gpu_backend_exits_3_before_any_gpu_work(root):
+    # validate runs before the GPU is looked for, so the answer is the same with or without one
+    done = kdt("pipeline", "--temperature", "0.8", cwd=root)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "--temperature" in done.stderr and "tree-sample kernel" in done.stderr and "Traceback" not in done.stderr
+    done = kdt("pipeline", "--backend", "cpu", "--top-p", "1.5", cwd=root)
+    assert done.returncode == 3 and "--top-p" in done.stderr
+
+
+def test_the_gpu_check_takes_the_rule_and_positions(monkeypatch):
+    """check.check_step (the GPU backend's per-step check) on one step computed on the CPU: no disagreement; an
+    accepted token changed: tree-accept disagrees."""
+    config = replace(SMALL, backend="gpu")
+    model = TargetModel.create(config.seed, config.vocab)
+    committed = make_prompts(config.seed, config.batch, config.vocab)[:, -3:]
+    position = np.full(config.batch, PROMPT_LEN, np.int64)
+    logits = draft_logits(np, lambda last3: greedy(np, model.logits(last3)), committed, step=0, seed=config.seed,
+                          depth=config.depth, vocab=config.vocab, quality=config.draft_quality)
+    top = topk(logits, config.topk)
+    tree = tree_build(top["top_logp"], top["top_ids"], config.budget)
+    contexts = slot_contexts(tree["parent"], tree["token"], tree["depth"], committed)
+    target_logits = model.logits(contexts.reshape(-1, 3)).reshape(config.batch, config.slots, config.vocab)
+    outputs = {"drafter": {"logits": logits}, "topk": top, "tree-build": tree,
+               "target": {"target_logits": target_logits},
+               "tree-accept": acceptance.accept(config, tree, target_logits, position)}
+    disagreements: dict[str, str] = {}
+    check_step(config, model, 0, committed, position, outputs, stage_timings(), disagreements)
+    assert disagreements == {}
+    outputs["tree-accept"]["accept_tokens"][0, 0] += 1
+    check_step(config, model, 0, committed, position, outputs, stage_timings(), disagreements)
+    assert set(disagreements) == {"tree-accept"} and "accept_tokens" in disagreements["tree-accept"]
+
+
 # ---- the check can fail --------------------------------------------------------------------------------------
 
 
@@ -129,9 +295,9 @@ def test_a_broken_acceptance_fails_the_lossless_check(monkeypatch):
     mismatch = result.mismatch
     assert mismatch.expected != mismatch.got
     assert result.generated[mismatch.request, mismatch.position] == mismatch.got
-    assert result.greedy[mismatch.request, mismatch.position] == mismatch.expected
+    assert result.plain[mismatch.request, mismatch.position] == mismatch.expected
     assert np.array_equal(result.generated[mismatch.request, :mismatch.position],
-                          result.greedy[mismatch.request, :mismatch.position])
+                          result.plain[mismatch.request, :mismatch.position])
 
 
 def test_a_broken_acceptance_exits_1(monkeypatch, tmp_path):

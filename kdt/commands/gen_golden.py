@@ -83,19 +83,24 @@ def _from_inputs(kernels: Optional[list[str]], inputs: Optional[Path], out: Opti
     if kernels and kernels != [captured.kernel]:
         raise BadInput("KERNEL", f"the file's own kernel {captured.kernel!r} (or none)", kernels)
     spec = stages.get(captured.kernel)
-    from kdt.dtypes import name as dtype_name
+    from dataclasses import replace
 
+    from kdt.dtypes import name as dtype_name
+    from kdt.interop import kdt_tree_inputs
+
+    cases = []
     for item in captured.cases:  # a missing input or parameter, a wrong dtype or rank: named, before the reference
-        case = item.case
         try:
+            case = replace(item.case, inputs=kdt_tree_inputs(item.case.inputs))  # trees captured from SGLang
             spec.check_layout({key: tuple(a.shape) for key, a in case.inputs.items()},
                               {key: dtype_name(a.dtype) for key, a in case.inputs.items()}, dict(case.params))
         except BadInput as error:
-            raise BadInput(f"{inputs} case {case.name!r}: {error.argument}", error.expected, error.actual) from None
+            raise BadInput(f"{inputs} case {item.case.name!r}: {error.argument}", error.expected,
+                           error.actual) from None
+        cases.append(case)
     with progress() as bar:
-        task = bar.add_task(f"{spec.name}: reference", total=len(captured.cases))
-        computed = golden.expected_for(spec, [item.case for item in captured.cases], lambda: bar.advance(task),
-                                       source=inputs)
+        task = bar.add_task(f"{spec.name}: reference", total=len(cases))
+        computed = golden.expected_for(spec, cases, lambda: bar.advance(task), source=inputs)
     golden.write(out, spec, computed)
     _written(report, [(spec.name, out, len(computed))], source=inputs)
     return EXIT_OK

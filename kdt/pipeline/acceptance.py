@@ -1,9 +1,16 @@
-"""The acceptance rule, in one place: greedy.
+"""The acceptance rule, in one place: greedy (temperature 0), or sampling with a temperature, top-k and top-p.
 
 Three things follow from the rule, and every other module takes them from here: the token the target emits for
-its logits (`greedy`), the plain decoding speculative decoding must reproduce (`greedy_decode`), and which draft
-tokens of a tree the target keeps, with the bonus token (`accept` on the CPU, `accept_on_gpu` through kdt.ops).
-Another rule (sampling with a temperature, top-k, top-p) is another version of this module.
+its logits at an absolute position (`next_token`), the plain decoding (one token per target call) speculative
+decoding must reproduce token for token (`plain_decode`), and which draft tokens of a tree the target keeps, with
+the bonus token (`accept` on the CPU, `accept_on_gpu` through kdt.ops).
+
+Greedy is the contract's `tree-accept`, sampling its `tree-sample` (refs/tree_sample.py): the token for absolute
+position p is drawn with Philox noise keyed by (seed, p, token), so the speculative walk and plain decoding draw
+the same token there. At temperature 0 tree-sample is tree-accept; the greedy rule stays on tree-accept's
+reference all the same, as that is what the GPU's tree-accept kernel is checked against. Every request samples
+with the run's one seed, as an engine does for a batch submitted with one seed (their prompts differ). The GPU has
+no tree-sample kernel yet, so `accept_on_gpu` is greedy only (config.validate refuses sampling there).
 """
 
 from __future__ import annotations
@@ -11,6 +18,31 @@ from __future__ import annotations
 import numpy as np
 
 import kdt.refs.tree_accept as ref_tree_accept
+import kdt.refs.tree_sample as ref_tree_sample
+from kdt.pipeline.config import PipelineConfig
+
+
+def is_greedy(config: PipelineConfig) -> bool:
+    return config.temperature == 0
+
+
+def stage_name(config: PipelineConfig) -> str:
+    """The contract stage that accepts: tree-accept (greedy) or tree-sample."""
+    return "tree-accept" if is_greedy(config) else "tree-sample"
+
+
+def baseline_name(config: PipelineConfig) -> str:
+    """What the speculative output is checked against, in words."""
+    return "the target's greedy decoding" if is_greedy(config) else "the target's plain sampling with the same seed"
+
+
+def describe(config: PipelineConfig) -> str:
+    """The rule and its parameters, for the report's title."""
+    if is_greedy(config):
+        return "greedy"
+    top_k = config.top_k if config.top_k else "off"
+    top_p = f"{config.top_p:g}" if config.top_p < 1 else "off"
+    return f"sampling T={config.temperature:g} top-k={top_k} top-p={top_p}"
 
 
 def greedy(xp, logits):
@@ -21,23 +53,50 @@ def greedy(xp, logits):
     return xp.where(logits == best, ids, np.int32(vocab)).min(axis=-1).astype(xp.int32)
 
 
-def greedy_decode(model, prompts: np.ndarray, tokens: int) -> np.ndarray:
-    """The target alone (a TargetModel), one token at a time: what speculative decoding must reproduce.
-    -> int32 [G, tokens]."""
+def _sampling_arrays(config: PipelineConfig, position: np.ndarray) -> dict[str, np.ndarray]:
+    """The contract's per-request sampling parameters, one row per entry of `position` (int64: the absolute
+    position of the token drawn)."""
+    count = len(position)
+    return {"temperature": np.full(count, config.temperature, np.float32),
+            "top_k": np.full(count, config.top_k, np.int32),
+            "top_p": np.full(count, config.top_p, np.float32),
+            "seed": np.full(count, config.seed, np.uint64),
+            "position": position.astype(np.int64)}
+
+
+def next_token(config: PipelineConfig, logits: np.ndarray, position: np.ndarray) -> np.ndarray:
+    """The target's token for each row of logits [R, vocab], drawn for the absolute positions `position` [R].
+    -> int32 [R]."""
+    if is_greedy(config):
+        return greedy(np, logits)
+    token, _margin = ref_tree_sample.sample(logits, **_sampling_arrays(config, position))
+    return token
+
+
+def plain_decode(config: PipelineConfig, model, prompts: np.ndarray) -> np.ndarray:
+    """The target alone (a TargetModel), one token per call: what speculative decoding must reproduce.
+    -> int32 [G, config.tokens]."""
+    groups, prompt_len = prompts.shape
     sequence = prompts.astype(np.int32)
-    out = np.empty((prompts.shape[0], tokens), np.int32)
-    for position in range(tokens):
-        nxt = greedy(np, model.logits(sequence[:, -3:]))
-        out[:, position] = nxt
+    out = np.empty((groups, config.tokens), np.int32)
+    for generated in range(config.tokens):
+        position = np.full(groups, prompt_len + generated, np.int64)
+        nxt = next_token(config, model.logits(sequence[:, -3:]), position)
+        out[:, generated] = nxt
         sequence = np.concatenate([sequence[:, -2:], nxt[:, None]], axis=1)
     return out
 
 
-def accept(tree: dict[str, np.ndarray], target_logits: np.ndarray, max_depth: int) -> dict[str, np.ndarray]:
-    """The reference (numpy): tree-build's outputs and the target's logits at every slot -> accept_len,
-    accept_index, accept_tokens (the accepted tokens, then the bonus)."""
-    return ref_tree_accept.tree_accept(tree["token"], tree["first_child"], tree["next_sibling"], tree["n_nodes"],
-                                       max_depth, target_logits=target_logits)
+def accept(config: PipelineConfig, tree: dict[str, np.ndarray], target_logits: np.ndarray,
+           position: np.ndarray) -> dict[str, np.ndarray]:
+    """The reference (numpy): tree-build's outputs, the target's logits at every slot and the absolute position
+    [G] of the token drawn at the root (the committed length) -> accept_len, accept_index, accept_tokens (the
+    accepted tokens, then the bonus)."""
+    walk = (tree["token"], tree["first_child"], tree["next_sibling"], tree["n_nodes"], config.depth)
+    if is_greedy(config):
+        return ref_tree_accept.tree_accept(*walk, target_logits=target_logits)
+    out = ref_tree_sample.tree_sample(*walk, target_logits, **_sampling_arrays(config, position))
+    return {name: out[name] for name in ("accept_len", "accept_index", "accept_tokens")}
 
 
 def _gpu_inputs(tree, target_logits) -> dict:
@@ -46,7 +105,7 @@ def _gpu_inputs(tree, target_logits) -> dict:
 
 
 def accept_on_gpu(tree, target_logits, max_depth: int, *, out=None, workspace=None):
-    """`accept` with the tree-accept kernel: `tree` a kdt.ops.Tree of CuPy arrays -> kdt.ops.Acceptance."""
+    """Greedy `accept` with the tree-accept kernel: `tree` a kdt.ops.Tree of CuPy arrays -> kdt.ops.Acceptance."""
     from kdt import ops
 
     return ops.Acceptance(**ops.run("tree-accept", _gpu_inputs(tree, target_logits), {"max_depth": max_depth},

@@ -22,11 +22,12 @@ from kdt.stages.topk import LOGP_ATOL as TOPK_LOGP_ATOL
 from kdt.refs.errors import BadInput
 
 
-def check_step(config: PipelineConfig, model: TargetModel, step: int, committed: np.ndarray,
+def check_step(config: PipelineConfig, model: TargetModel, step: int, committed: np.ndarray, position: np.ndarray,
                gpu: dict[str, dict[str, np.ndarray]], timings: dict[str, StageTiming],
                disagreements: dict[str, str]) -> None:
     """`gpu`: each stage's outputs on the GPU this step, by stage (GpuStep.outputs_on_host); `committed` the last
-    three committed tokens [G, 3] the drafter and the target started from."""
+    three committed tokens [G, 3] the drafter and the target started from, `position` [G] the committed lengths
+    (the absolute position of the token drawn at the root)."""
     logits, top, tree = gpu["drafter"]["logits"], gpu["topk"], gpu["tree-build"]
     target_logits = gpu["target"]["target_logits"]
     clock = StageClock(timings, reference=True)
@@ -49,7 +50,7 @@ def check_step(config: PipelineConfig, model: TargetModel, step: int, committed:
     stage("topk", lambda: ref_topk.topk(logits, config.topk))
     stage("tree-build", lambda: ref_tree_build.tree_build(top["top_logp"], top["top_ids"], config.budget))
     stage("target", target)
-    stage("tree-accept", lambda: acceptance.accept(tree, target_logits, config.depth))
+    stage("tree-accept", lambda: acceptance.accept(config, tree, target_logits, position))
 
     for name, expected in reference.items():
         for output, want in expected.items():

@@ -18,7 +18,7 @@ from kdt.pipeline.target import TargetModel
 
 
 def run_cpu(config: PipelineConfig, model: TargetModel, prompts: np.ndarray) -> PipelineResult:
-    """Decode every request to `config.tokens` tokens, one step per loop; `greedy` is left for the caller."""
+    """Decode every request to `config.tokens` tokens, one step per loop; `plain` is left for the caller."""
     G, K, N, vocab = config.batch, config.depth, config.slots, config.vocab
     seq = np.zeros((G, config.max_len), np.int32)
     seq[:, :PROMPT_LEN] = prompts
@@ -34,6 +34,7 @@ def run_cpu(config: PipelineConfig, model: TargetModel, prompts: np.ndarray) -> 
     while (seq_len < end).any():
         check_progress(step, config)
         active = seq_len < end
+        position = seq_len.astype(np.int64)  # where the token drawn at the root goes
         clock = StageClock(timings)
         last3 = committed_last3(np, seq, seq_len)
         logits = draft_logits(np, target_greedy, last3, step=step, seed=config.seed, depth=K, vocab=vocab,
@@ -46,7 +47,7 @@ def run_cpu(config: PipelineConfig, model: TargetModel, prompts: np.ndarray) -> 
         contexts = slot_contexts(tree["parent"], tree["token"], tree["depth"], last3)
         target_logits = model.logits(contexts.reshape(-1, 3)).reshape(G, N, vocab)
         clock.lap("target")
-        accepted = acceptance.accept(tree, target_logits, K)
+        accepted = acceptance.accept(config, tree, target_logits, position)
         clock.lap("tree-accept")
         append_accepted(np, seq, seq_len, accepted["accept_len"], accepted["accept_tokens"], config.tokens)
         clock.lap("append")

@@ -148,7 +148,7 @@ class GpuStep:
 
 def run_gpu(config: PipelineConfig, model: TargetModel, prompts: np.ndarray) -> PipelineResult:
     """Decode every request to `config.tokens` tokens, one graph replay per step, each step checked against the
-    references on the CPU; `greedy` is left for the caller."""
+    references on the CPU; `plain` is left for the caller."""
     steps = GpuStep(config, model)
     cp, stream = steps.cp, steps.stream
     G, K, vocab = config.batch, config.depth, config.vocab
@@ -163,7 +163,8 @@ def run_gpu(config: PipelineConfig, model: TargetModel, prompts: np.ndarray) -> 
         seq_len = cp.full(G, PROMPT_LEN, cp.int32)
         step = 0
         while True:
-            active = cp.asnumpy(seq_len) < end  # one small sync per step: who is still generating
+            position = cp.asnumpy(seq_len).astype(np.int64)  # one small sync per step: the committed lengths
+            active = position < end
             if not active.any():
                 break
             check_progress(step, config)
@@ -193,8 +194,8 @@ def run_gpu(config: PipelineConfig, model: TargetModel, prompts: np.ndarray) -> 
             for name, ms in elapsed.items():
                 timings[name].ms.append(ms)
             accept_len = cp.asnumpy(steps.accepted.accept_len)
-            check.check_step(config, model, step, cp.asnumpy(steps.committed), steps.outputs_on_host(), timings,
-                             disagreements)
+            check.check_step(config, model, step, cp.asnumpy(steps.committed), position, steps.outputs_on_host(),
+                             timings, disagreements)
             accept_lens.append(accept_len[active].astype(np.int32))
             request_steps += active
             step += 1

@@ -7,6 +7,7 @@ from dataclasses import asdict
 
 import numpy as np
 
+from kdt.pipeline import acceptance
 from kdt.pipeline.result import PipelineResult
 from kdt.pipeline.step import GRAPH_STAGES, KDT_STAGES
 
@@ -31,6 +32,7 @@ def result_json(result: PipelineResult) -> str:
     payload = {
         "config": asdict(result.config),
         "device": result.device,
+        "acceptance_stage": acceptance.stage_name(result.config),   # what the step's "tree-accept" stage ran
         "lossless": result.lossless,
         "passed": result.passed,
         "first_mismatch": asdict(mismatch) if mismatch else None,
@@ -58,14 +60,15 @@ def summary_tables(result: PipelineResult):
     config = result.config
     gpu = config.backend == "gpu"
     title = (f"kdt pipeline on {result.device}: G={config.batch} B={config.budget} K={config.depth} V={config.topk} "
-             f"vocab={config.vocab} quality={config.draft_quality:g} seed={config.seed}")
+             f"vocab={config.vocab} quality={config.draft_quality:g} seed={config.seed} "
+             f"{acceptance.describe(config)}")
     numbers = Sheet(title, ("what", "value"), right=("value",), show_header=False)
     numbers.add_row("requests", str(config.batch))
     numbers.add_row("tokens generated", f"{result.tokens_generated} ({config.tokens} per request)")
     numbers.add_row("steps (batched target calls)", str(result.steps))
     numbers.add_row("mean accepted length (bonus excluded)", f"{result.mean_accept_len:.3f} of {config.depth}")
     numbers.add_row("tokens per target call", f"{result.tokens_per_target_call:.3f}")
-    numbers.add_row("lossless (= the target's greedy decoding)",
+    numbers.add_row(f"lossless (= {acceptance.baseline_name(config)})",
                     styled("yes", "green") if result.lossless else styled("NO", "red"))
     if gpu:
         numbers.add_row("every GPU output = the references'",
@@ -83,10 +86,12 @@ def summary_tables(result: PipelineResult):
             cells.append(f"{reference / ms:,.1f}" if reference and ms else "-")
         stages.add_row(*cells)
 
+    accepting = acceptance.stage_name(config)  # the step's acceptance stage, by the contract stage it ran
     for name, timing in result.timings.items():
         kind = timing.kind + (" (eager)" if gpu and name in ("drafter", "append") else "")
-        row(name, kind, timing.median_ms, timing.reference_median_ms if gpu and name != "append" else None)
-    row("kdt stages (topk + tree-build + tree-accept)", "sum", result.stage_sum_ms(KDT_STAGES),
+        label = accepting if name == "tree-accept" else name
+        row(label, kind, timing.median_ms, timing.reference_median_ms if gpu and name != "append" else None)
+    row(f"kdt stages (topk + tree-build + {accepting})", "sum", result.stage_sum_ms(KDT_STAGES),
         result.stage_sum_ms(KDT_STAGES, reference=True) if gpu else None)
     if gpu:
         row("step graph (topk -> tree-build -> target -> tree-accept)", "one replay", result.graph_median_ms,
@@ -95,7 +100,7 @@ def summary_tables(result: PipelineResult):
 
 
 def print_result(result: PipelineResult) -> None:
-    """The tables, then the first token unlike greedy decoding and each stage unlike its reference, if any."""
+    """The tables, then the first token unlike plain decoding and each stage unlike its reference, if any."""
     from rich.markup import escape
 
     from kdt.console import console
@@ -104,8 +109,9 @@ def print_result(result: PipelineResult) -> None:
         console.print(table)
     mismatch = result.mismatch
     if mismatch is not None:
+        baseline = acceptance.baseline_name(result.config)
         console.print(f"[red]not lossless[/]: request {mismatch.request}, generated token {mismatch.position}: "
-                      f"greedy decoding gives {mismatch.expected}, the pipeline gave {mismatch.got} "
+                      f"{baseline} gives {mismatch.expected}, the pipeline gave {mismatch.got} "
                       f"({mismatch.requests_affected} of {result.config.batch} requests differ)")
     for stage, detail in result.disagreements.items():
         console.print(f"[red]{escape(stage)} disagrees with the reference[/]: {escape(detail)}")

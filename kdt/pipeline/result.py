@@ -53,7 +53,7 @@ class StageClock:
 
 @dataclass(frozen=True)
 class Mismatch:
-    """The first generated token unlike the target's greedy decoding."""
+    """The first generated token unlike the target's plain decoding."""
 
     request: int
     position: int
@@ -67,7 +67,7 @@ class PipelineResult:
     config: PipelineConfig
     device: str
     generated: np.ndarray         # int32 [G, tokens], speculative
-    greedy: np.ndarray            # int32 [G, tokens], the target alone
+    plain: np.ndarray             # int32 [G, tokens], the target alone: one token per call, same rule and seed
     accept_lens: list[np.ndarray]  # per step: accept_len of the requests still generating at that step
     request_steps: np.ndarray     # int [G]: steps in which each request was generating
     timings: dict[str, StageTiming]
@@ -80,12 +80,12 @@ class PipelineResult:
 
     @property
     def mismatch(self) -> Mismatch | None:
-        wrong = self.generated != self.greedy
+        wrong = self.generated != self.plain
         if not wrong.any():
             return None
         request = int(np.flatnonzero(wrong.any(axis=1))[0])
         position = int(np.flatnonzero(wrong[request])[0])
-        return Mismatch(request, position, int(self.greedy[request, position]), int(self.generated[request, position]),
+        return Mismatch(request, position, int(self.plain[request, position]), int(self.generated[request, position]),
                         int(wrong.any(axis=1).sum()))
 
     @property
