@@ -35,3 +35,10 @@ def require_layout(shapes: dict, dtypes: dict, name: str, ndim: int, allowed: tu
 def require_same(name: str, shape: tuple, expected: tuple) -> None:
     if tuple(shape) != tuple(expected):
         raise BadInput(name, f"shape {tuple(expected)}", f"shape {tuple(shape)}")
+
+
+def quantised_logits(rng: np.random.Generator, groups: int, depth: int, vocab: int) -> np.ndarray:
+    """Logits on an integer grid (standard normal, rounded): a quantised vocabulary, where the top V of a wide V
+    ends inside a run of hundreds of equal logits (e.g. ~200 at the value 3 in 32768 entries), float32
+    [groups, depth, vocab]."""
+    return np.round(rng.standard_normal((groups, depth, vocab))).astype(np.float32)

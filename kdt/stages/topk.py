@@ -8,7 +8,7 @@ import kdt.refs.topk as reference
 from kdt.compare import AbsTol, Exact
 from kdt.dtypes import to_bf16
 from kdt.spec import Case, OutputLayout, StageSpec
-from kdt.stages._util import drafter_logits, require_layout
+from kdt.stages._util import drafter_logits, quantised_logits, require_layout
 from kdt.refs.errors import BadInput
 
 LOGP_ATOL = 1e-5
@@ -54,6 +54,13 @@ def make_cases() -> list[Case]:
     signed_zero[0, 0, ::2] = -0.0
     signed_zero[0, 0, 40:] = -1.0
     cases.append(_case("signed_zeros", "+0.0 and -0.0 logits tie: smaller id first", 111, 12, signed_zero))
+    # wide V over a quantised vocabulary: hundreds of logits equal at the V-th place (the smaller ids are kept)
+    cases.append(_case("wide_v64_quantised_vocab32768", "V=64, integer logits: ~200 tied at the 64th place", 112, 64,
+                       quantised_logits(rng(112), 1, 3, 32768)))
+    cases.append(_case("wide_v256_quantised_vocab65536_bf16", "V=256 from bf16 integer logits: ~400 tied at the "
+                       "256th place", 113, 256, to_bf16(quantised_logits(rng(113), 1, 2, 65536))))
+    cases.append(_case("wide_v1024_quantised_vocab16384", "V=1024, integer logits: ~990 tied at the 1024th place",
+                       114, 1024, quantised_logits(rng(114), 1, 2, 16384)))
     return cases
 
 
@@ -66,6 +73,8 @@ def random_case(rng: np.random.Generator) -> Case:
     logits = drafter_logits(rng, groups, depth, vocab)
     if rng.random() < 0.3:
         logits = np.round(logits * 2) / 2  # ties
+    if rng.random() < 0.2:
+        logits = quantised_logits(rng, groups, depth, vocab)  # runs of hundreds of ties at a wide V's edge
     if rng.random() < 0.3:
         logits[rng.random(logits.shape) < rng.random()] = -np.inf
         logits[..., int(rng.integers(0, vocab))] = 1.0  # keep one finite logit per row

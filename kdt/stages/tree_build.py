@@ -7,7 +7,7 @@ import numpy as np
 import kdt.refs.tree_build as reference
 from kdt.compare import Exact
 from kdt.spec import Case, OutputLayout, StageSpec
-from kdt.stages._util import drafter_logits, require_layout, require_same
+from kdt.stages._util import drafter_logits, quantised_logits, require_layout, require_same
 from kdt.refs.errors import BadInput
 from kdt.refs.topk import topk
 
@@ -92,19 +92,31 @@ def make_cases() -> list[Case]:
     lp = np.sort(g.uniform(-1.0, 2.0, (2, 6, 5)), axis=2)[:, :, ::-1].astype(np.float32)
     cases.append(_case("positive_scores", "unnormalised scores above 0: children can outscore parents", 221, 30,
                        lp, g.integers(0, 1000, lp.shape)))
+
+    # wide fan-out from a quantised vocabulary: hundreds of equal log-probs per position (ties by parent, rank)
+    out = topk(quantised_logits(rng(222), 1, 7, 16384), 1024)
+    cases.append(_case("wide_v1024_b1023_quantised", "V=1024, B=1023, K=7 from integer logits: runs of hundreds "
+                       "of equal log-probs", 222, 1023, out["top_logp"], out["top_ids"]))
+    out = topk(quantised_logits(rng(223), 2, 3, 32768), 256)
+    cases.append(_case("wide_v256_b255_quantised", "V=B=255..256 at K=3 from integer logits", 223, 255,
+                       out["top_logp"], out["top_ids"]))
     return cases
 
 
 def random_case(rng: np.random.Generator) -> Case:
-    """Random shape within the limits: ties, -inf, V=1, K=1, K up to 64, V up to 1024, B up to 1023,
-    budgets at and beyond the number of paths, now and then scores above zero."""
+    """Random shape within the limits: ties (a 0.25 grid, or the top V of a quantised vocabulary), -inf, V=1,
+    K=1, K up to 64, V up to 1024, B up to 1023, budgets at and beyond the number of paths, now and then scores
+    above zero."""
     groups = int(rng.integers(1, 9))
     depth = int(rng.choice([1, 2, 3, 7, 15, 33, 64]))
     fanout = int(rng.choice([1, 2, 3, 8, 8, 17, 64, 255, 1024]))
     budget = int(rng.choice([1, 2, 7, 16, 63, 255, 511, 1023, int(rng.integers(1, 1024))]))
-    style = rng.choice(["drafter", "grid", "positive"])
+    style = rng.choice(["drafter", "grid", "positive", "quantised"])
     if style == "drafter":
         lp, ids = drafter_topk(rng, groups, depth, fanout, confidence=float(rng.uniform(0, 20)))
+    elif style == "quantised":  # the top V of integer logits: runs of equal log-probs as long as V
+        out = topk(quantised_logits(rng, groups, depth, 4 * fanout + 64), fanout)
+        lp, ids = out["top_logp"], out["top_ids"]
     else:
         low, high = (-4.0, 0.0) if style == "grid" else (-1.0, 1.0)
         lp = np.sort(np.round(rng.uniform(low, high, (groups, depth, fanout)) * 4) / 4, axis=2)[:, :, ::-1]
