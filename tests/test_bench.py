@@ -142,3 +142,17 @@ def test_every_bench_shape_fits_an_h200():
             assert held[spec.name, item.name] < INPUT_BUDGET_BYTES, (spec.name, item.name)
     attention = {name: size for (stage, name), size in held.items() if stage == "verify-attn"}
     assert max(attention, key=attention.get) == "G16_H8_N256_prefix131072"
+
+
+def test_the_wide_sets_hold_issue_20s_grid():
+    """topk and tree-build's `--set wide`: V in {64, 256, 1024} at G in {1, 8, 64}; tree-build with B = V (at most
+    1023) and B = 1023; --quick the issue's own shapes."""
+    from kdt import stages
+
+    topk = {(s.layout["logits"][0][0], s.params["k"]) for s in stages.get("topk").bench_set("wide")}
+    assert topk == {(g, v) for g in (1, 8, 64) for v in (64, 256, 1024)}
+    build = stages.get("tree-build").bench_set("wide")
+    grid = {(s.layout["top_logp"][0][0], s.layout["top_logp"][0][2], s.params["budget"]) for s in build}
+    assert grid == {(g, v, b) for g in (1, 8, 64) for v in (64, 256, 1024) for b in {min(v, 1023), 1023}}
+    assert [s.name for s in stages.get("tree-build").bench_set("wide", quick=True)] == ["G64_K3_V255_B255",
+                                                                                          "G64_K7_V1024_B1023"]

@@ -118,7 +118,7 @@ def check_layout(shapes, dtypes, params) -> None:
         raise BadInput("k", f"an integer in [1, min(vocab={vocab}, {reference.MAX_K})]", k)
 
 
-def bench_shapes(quick: bool):
+def bench_shapes(quick: bool, wide: bool = False):
     from kdt.bench import BenchShape, device_bf16
 
     def shape(groups, depth, vocab, k, dtype, cpu=False):
@@ -133,12 +133,22 @@ def bench_shapes(quick: bool):
         return BenchShape(f"G{groups}_K{depth}_vocab{vocab}_V{k}_{dtype}", make, {"k": k}, layout,
                           groups * depth * (vocab * itemsize + k * 8), cpu_baseline=cpu)
 
+    if wide:  # DDTree's own fan-out (issue 20): V up to the budget, over Kimi's vocabulary
+        if quick:
+            return [shape(8, 15, 163840, 64, "f32"), shape(8, 15, 163840, 1024, "bf16")]
+        return [shape(groups, 15, 163840, k, dtype, cpu=groups == 1) for groups in (1, 8, 64)
+                for k, dtype in ((64, "f32"), (256, "f32"), (1024, "bf16"))]
     shapes = [shape(64, 15, 163840, 8, "f32"), shape(64, 15, 163840, 8, "bf16"),
               shape(1, 7, 163840, 8, "f32", cpu=True), shape(1, 15, 163840, 8, "bf16", cpu=True)]
     if not quick:
         shapes += [shape(1, 15, 163840, 8, "f32", cpu=True), shape(8, 15, 163840, 64, "f32"),
                    shape(8, 15, 163840, 1024, "bf16"), shape(64, 15, 32000, 8, "f32"), shape(4, 7, 262144, 8, "bf16")]
     return shapes
+
+
+def wide_bench_shapes(quick: bool):
+    """`--set wide`: V in {64, 256, 1024} at G in {1, 8, 64} (--quick: the two shapes of issue 20's table)."""
+    return bench_shapes(quick, wide=True)
 
 
 def torch_baseline(inputs, params):
@@ -171,5 +181,6 @@ SPEC = StageSpec(
     random_case=random_case,
     shrink=shrink_case,
     bench_shapes=bench_shapes,
+    bench_sets={"wide": wide_bench_shapes},
     torch_baseline=torch_baseline,
 )

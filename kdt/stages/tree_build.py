@@ -171,7 +171,7 @@ def check_layout(shapes, dtypes, params) -> None:
         raise BadInput("top_logp", "at least one request (G >= 1)", groups)
 
 
-def bench_shapes(quick: bool):
+def bench_shapes(quick: bool, wide: bool = False):
     from kdt.bench import BenchShape, upload_host
 
     def shape(groups, depth, fanout, budget):
@@ -185,11 +185,22 @@ def bench_shapes(quick: bool):
         return BenchShape(f"G{groups}_K{depth}_V{fanout}_B{budget}", make, {"budget": budget}, layout, moved,
                           size=budget, size_label="budget B")
 
+    if wide:  # DDTree's own fan-out (issue 20): V up to the budget, B = V and B = 1023
+        if quick:
+            return [shape(64, 3, 255, 255), shape(64, 7, 1024, 1023)]
+        return [shape(groups, 7, fanout, budget) for groups in (1, 8, 64) for fanout in (64, 256, 1024)
+                for budget in sorted({min(fanout, 1023), 1023})]
     budgets = (16, 255) if quick else (16, 32, 64, 128, 255, 512, 1023)
     shapes = [shape(64, 15, 8, budget) for budget in budgets]
     if not quick:
         shapes += [shape(64, 3, 255, 255), shape(64, 7, 1024, 1023)]
     return shapes
+
+
+def wide_bench_shapes(quick: bool):
+    """`--set wide`: V in {64, 256, 1024} with B = V and B = 1023 at G in {1, 8, 64} (--quick: issue 20's two
+    tree-build shapes)."""
+    return bench_shapes(quick, wide=True)
 
 
 SPEC = StageSpec(
@@ -208,4 +219,5 @@ SPEC = StageSpec(
     random_case=random_case,
     shrink=shrink_case,
     bench_shapes=bench_shapes,
+    bench_sets={"wide": wide_bench_shapes},
 )
