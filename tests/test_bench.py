@@ -108,10 +108,10 @@ def test_verify_attn_declares_the_tp8_set_and_keeps_its_default():
 def test_a_set_a_stage_lacks_names_the_ones_it_has():
     with pytest.raises(BadInput, match=r"--set: expected a bench shape set of verify-attn: default, tp8, got 'tp9'"):
         VERIFY_ATTN.bench_set("tp9")
-    topk = stages.get("topk")
-    assert topk.bench_set_names() == ["default"]
-    with pytest.raises(BadInput, match=r"of topk: default, got 'tp8'"):
-        topk.bench_set("tp8")
+    accept = stages.get("tree-accept")
+    assert accept.bench_set_names() == ["default"]
+    with pytest.raises(BadInput, match=r"of tree-accept: default, got 'tp8'"):
+        accept.bench_set("tp8")
 
 
 def test_the_sets_shape_glob():

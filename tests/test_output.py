@@ -371,7 +371,7 @@ def test_bench_roofline_columns_and_the_tp8_set(monkeypatch, capsys, fake_gpu):
 
 @pytest.mark.parametrize("args, named", [
     (("bench", "verify-attn", "--set", "tp9"), "a bench shape set of verify-attn: default, tp8, got 'tp9'"),
-    (("bench", "all", "--set", "tp8"), "a bench shape set of topk: default, got 'tp8'"),
+    (("bench", "all", "--set", "tp8"), "a bench shape set of topk: default, wide, got 'tp8'"),
     (("plan", "verify-attn", "--set", "tp9"), "a bench shape set of verify-attn: default, tp8, got 'tp9'"),
     (("plan", "verify-attn", "--set", "tp8", "--case", "tp8_*"), "no --set with --case"),
     (("profile", "verify-attn", "--set", "tp8", "--case", "tp8_g1_n16"), "no --set with --case"),
