@@ -23,11 +23,17 @@ class Peaks:
     matmul_how: str
 
 
+def roofline_times(bytes_moved: int, flops: int, copy_gbps: float, matmul_tflops: float) -> tuple[float, float]:
+    """(memory us, compute us) of a shape's byte and flop model: its bytes at the copy bandwidth, its flops at the
+    matmul rate (0 for a stage without a flop model). The roofline bound is the larger."""
+    return bytes_moved / (copy_gbps * 1e3), (flops / (matmul_tflops * 1e6) if flops else 0.0)
+
+
 def roofline_bound(bytes_moved: int, flops: int, measured_us: float, peaks: Peaks) -> tuple[float, float]:
-    """(bound us, % of bound) of a shape's byte and flop model against one measured time: bound = max(bytes / copy
-    bandwidth, flops / matmul rate), the least time the model allows on this machine (flops = 0, a stage without a
-    flop model: the bytes alone); % of bound = 100 * bound / measured, so 100 is at the roofline."""
-    bound_us = max(bytes_moved / (peaks.copy_gbps * 1e3), flops / (peaks.matmul_tflops * 1e6))
+    """(bound us, % of bound) of a shape's byte and flop model against one measured time: bound = the larger of
+    roofline_times, the least time the model allows on this machine; % of bound = 100 * bound / measured, so 100 is
+    at the roofline."""
+    bound_us = max(roofline_times(bytes_moved, flops, peaks.copy_gbps, peaks.matmul_tflops))
     return bound_us, (100.0 * bound_us / measured_us if measured_us > 0 else 0.0)
 
 

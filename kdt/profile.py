@@ -349,8 +349,9 @@ class Roofline:
 
 def roofline(bytes_moved: int, flops: int, copy_gbps: float, matmul_tflops: float,
              kernels: Sequence[KernelProfile]) -> Roofline:
-    memory_us = bytes_moved / (copy_gbps * 1e3)
-    compute_us = flops / (matmul_tflops * 1e6) if flops else 0.0
+    from kdt.peaks import roofline_times
+
+    memory_us, compute_us = roofline_times(bytes_moved, flops, copy_gbps, matmul_tflops)
     bound = max(memory_us, compute_us)
     measured = sum(k.duration_ns for k in kernels) / 1e3
     dram = None if not kernels or any(k.dram_bytes is None for k in kernels) else sum(k.dram_bytes for k in kernels)

@@ -115,7 +115,7 @@ def test_a_set_a_stage_lacks_names_the_ones_it_has():
 
 
 def test_the_sets_shape_glob():
-    from kdt.commands.bench import shapes_to_run
+    from kdt.commands.common import shapes_to_run
 
     chosen = shapes_to_run([VERIFY_ATTN], "tp8", False, "G16_*_prefix131072")
     assert [item.name for item in chosen["verify-attn"]] == [f"G16_H8_N{n}_prefix131072" for n in (8, 16, 64, 256)]

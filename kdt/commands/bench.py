@@ -8,7 +8,6 @@ the roofline of its byte and flop model: "bound us" = max(bytes / copy, flops / 
 
 from __future__ import annotations
 
-import fnmatch
 import importlib.util
 import json
 from pathlib import Path
@@ -18,7 +17,7 @@ import typer
 from rich.markup import escape
 
 from kdt.commands.common import (FormatOption, KnobOption, SetOption, SmsOption, StagesArg, knobs_for, parse_arches,
-                                 set_label)
+                                 set_label, shapes_to_run)
 from kdt.console import EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK, KdtExit, OutputFormat, Report, Sheet, styled
 from kdt.refs.errors import BadInput
 
@@ -118,14 +117,6 @@ def command(kernels: list[str] = StagesArg,
     out.document(document)
     out.step_summary()
     raise typer.Exit(EXIT_CHECK_FAILED if slower else EXIT_OK)
-
-
-def shapes_to_run(specs, shape_set: str, quick: bool, pattern: Optional[str]) -> dict[str, list]:
-    """{stage: its shapes of `shape_set` (--quick: the set's headline shapes) whose names match the glob `pattern`},
-    for every stage with bench shapes; BadInput naming --set where a stage lacks the set, before anything runs."""
-    return {spec.name: [item for item in spec.bench_set(shape_set, quick)
-                        if pattern is None or fnmatch.fnmatch(item.name, pattern)]
-            for spec in specs if spec.bench_set_names()}
 
 
 def _against(specs, against: str, shape_set: str, chosen_shapes: dict[str, list], fixed: dict, points: list[dict],

@@ -50,6 +50,22 @@ def parse_arches(requested: Optional[list[str]]) -> list[str]:
     return chosen
 
 
+def shapes_to_run(specs, shape_set: str, quick: bool, pattern: Optional[str]) -> dict[str, list]:
+    """{stage: its shapes of `shape_set` (--quick: the set's headline shapes) whose names match the glob `pattern`},
+    for every stage with bench shapes; BadInput naming --set where a stage lacks the set, before anything runs."""
+    import fnmatch
+
+    return {spec.name: [item for item in spec.bench_set(shape_set, quick)
+                        if pattern is None or fnmatch.fnmatch(item.name, pattern)]
+            for spec in specs if spec.bench_set_names()}
+
+
+def refuse_set_with_case(shape_set: Optional[str], case: Optional[str]) -> None:
+    """--set picks bench shapes: refused next to --case (plan, profile)."""
+    if shape_set is not None and case is not None:
+        raise BadInput("--set", "no --set with --case (it picks bench shapes, not golden cases)", repr(shape_set))
+
+
 def set_label(shape_set: str) -> str:
     """What a table's title says of the bench shape set (--set): nothing for the default one."""
     from kdt.spec import DEFAULT_BENCH_SET

@@ -12,7 +12,8 @@ from typing import Optional
 import typer
 
 from kdt import arches
-from kdt.commands.common import FormatOption, KnobOption, SetOption, knobs_for, set_label
+from kdt.commands.common import (FormatOption, KnobOption, SetOption, knobs_for, refuse_set_with_case, set_label,
+                                 shapes_to_run)
 from kdt.console import EXIT_OK, OutputFormat, Report, Sheet
 from kdt.refs.errors import BadInput
 
@@ -35,8 +36,7 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
     from kdt.spec import DEFAULT_BENCH_SET
 
     spec = stages.get(kernel)
-    if case is not None and shape_set is not None:
-        raise BadInput("--set", "no --set with --case (it picks bench shapes, not golden cases)", repr(shape_set))
+    refuse_set_with_case(shape_set, case)
     shape_set = shape_set or DEFAULT_BENCH_SET
     knobs = knobs_for([spec], knob)[spec.name]
     items = _cases(spec, case, golden_file) if case is not None else _shapes(spec, shape_set, shape)
@@ -105,10 +105,8 @@ def _shapes(spec, shape_set: str, pattern: Optional[str]) -> list[tuple]:
     the stage lacks."""
     from kdt.launch.plan import ArraySpec
 
-    if not spec.bench_set_names():
-        return []
     return [(item.name, {n: ArraySpec(tuple(s), d) for n, (s, d) in item.layout.items()}, dict(item.params))
-            for item in spec.bench_set(shape_set) if pattern is None or fnmatch.fnmatch(item.name, pattern)]
+            for item in shapes_to_run([spec], shape_set, False, pattern).get(spec.name, [])]
 
 
 def _cases(spec, pattern: str, golden_file: Optional[Path]):

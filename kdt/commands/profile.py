@@ -100,8 +100,7 @@ def _subject(spec, shape: Optional[str], shape_set: Optional[str], case: Optiona
                        "both" if shape is not None else "neither")
     if golden_file is not None and case is None:
         raise BadInput("--golden", "--case to go with it", "--shape")
-    if shape_set is not None and case is not None:
-        raise BadInput("--set", "no --set with --case (it picks bench shapes, not golden cases)", repr(shape_set))
+    common.refuse_set_with_case(shape_set, case)
     if shape is not None:
         shapes = spec.bench_set(shape_set or DEFAULT_BENCH_SET) if spec.bench_set_names() else []
         what = f"bench shape of {spec.name}{set_label(shape_set or DEFAULT_BENCH_SET)}"
