@@ -297,6 +297,43 @@ def tree_accept(token, first_child, next_sibling, n_nodes, max_depth: int, *, ta
     return Acceptance(**run("tree-accept", inputs, {"max_depth": max_depth}, out=out, workspace=workspace, stream=stream, knobs=knobs))
 
 
+
+def tree_sample(token, first_child, next_sibling, n_nodes, max_depth: int, target_logits, temperature, top_k, top_p,
+                seed, position, *, out=None, workspace=None, stream=None, knobs=None) -> Acceptance:
+    """Sampled acceptance: at each visited slot draw the target's token (temperature, top-k, top-p; Gumbel-max with
+    Philox noise keyed by seed and absolute position) and accept the child carrying it; token for token what plain
+    sampling with the same seed produces.
+
+    Parameters
+    ----------
+    token, first_child, next_sibling : int32 [G, N]
+        Any tree in this encoding (siblings in any slot order); out-of-range or cyclic pointers end the walk.
+    n_nodes : int32 [G]
+    max_depth : int
+        K, the most nodes accepted.
+    target_logits : float32 or bf16 [G, N, vocab]
+    temperature : float32 [G]
+        0: the argmax (top_k and top_p ignored).
+    top_k : int32 [G]
+        0: off.
+    top_p : float32 [G]
+        1: off.
+    seed : uint64 [G]
+    position : int64 [G]
+        The absolute position of the token drawn at the root.
+    out, workspace, stream, knobs
+        Keyword-only; see the module docstring.
+
+    Returns
+    -------
+    Acceptance(accept_len int32 [G], accept_index int32 [G, K + 1], accept_tokens int32 [G, K + 1])
+    """
+    inputs = {"token": token, "first_child": first_child, "next_sibling": next_sibling, "n_nodes": n_nodes,
+              "target_logits": target_logits, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+              "seed": seed, "position": position}
+    return Acceptance(**run("tree-sample", inputs, {"max_depth": max_depth}, out=out, workspace=workspace,
+                            stream=stream, knobs=knobs))
+
 def verify_attn(q, kv_cache, block_table, prefix_len, kv_tree, mask, n_nodes, softmax_scale: float, *,
                 d_v: int = 512, out_dtype: str = "float32", out=None, workspace=None, stream=None,
                 knobs=None) -> Attention:

@@ -209,13 +209,19 @@ def output_layout(shapes, params) -> dict[str, OutputLayout]:
             "accept_tokens": OutputLayout((groups, width), "int32")}
 
 
-def check_layout(shapes, dtypes, params) -> None:
+def check_tree_layout(shapes, dtypes) -> tuple[int, int]:
+    """The tree inputs (token, first_child, next_sibling int32 [G, N], n_nodes int32 [G]); returns (G, N)."""
     groups, slots = require_layout(shapes, dtypes, "token", 2, ("int32",))
     for name in ("first_child", "next_sibling"):
         require_layout(shapes, dtypes, name, 2, ("int32",))
         require_same(name, shapes[name], (groups, slots))
     require_layout(shapes, dtypes, "n_nodes", 1, ("int32",))
     require_same("n_nodes", shapes["n_nodes"], (groups,))
+    return groups, slots
+
+
+def check_layout(shapes, dtypes, params) -> None:
+    groups, slots = check_tree_layout(shapes, dtypes)
     given = [name for name in ("target_predict", "target_logits") if name in shapes]
     if len(given) != 1:
         raise BadInput("target_predict/target_logits", "exactly one of the two", given or "neither")
