@@ -14,12 +14,13 @@ import pytest
 
 import kdt.refs.tree_accept as ref_tree_accept
 import kdt.refs.tree_sample as ref_tree_sample
-from kdt import pipeline
+from kdt import pipeline, stages
 from kdt.pipeline import PipelineConfig, PipelineResult, acceptance
 from kdt.pipeline.acceptance import greedy, plain_decode
 from kdt.pipeline.check import check_step
-from kdt.pipeline.config import PROMPT_LEN, validate
+from kdt.pipeline.config import BACKENDS, PROMPT_LEN, validate
 from kdt.pipeline.drafter import draft_logits
+from kdt.pipeline.report import print_result
 from kdt.pipeline.result import stage_timings
 from kdt.pipeline.step import GRAPH_STAGES, KDT_STAGES, STAGES, append_accepted, make_prompts, slot_contexts
 from kdt.pipeline.target import CLIP, HIDDEN, TargetModel
@@ -230,28 +231,25 @@ def test_bad_sampling_options_are_named(changes, option):
     assert error.value.argument == option
 
 
-def test_the_gpu_backend_refuses_to_sample_until_the_tree_sample_kernel_exists():
-    validate(replace(SMALL, backend="gpu"))  # temperature 0: today's greedy run
-    validate(replace(SMALL, backend="gpu", top_k=5, top_p=0.5))  # ignored at temperature 0, as the contract says
-    with pytest.raises(BadInput) as error:
-        validate(replace(SMALL, backend="gpu", temperature=0.8))
-    assert error.value.argument == "--temperature"
-    assert "tree-sample kernel" in str(error.value) and "--backend cpu" in str(error.value)
+# (a loop, not parametrize: a test id holding "gpu" would be marked as needing one, see conftest.py)
+def test_sampling_options_are_checked_alike_on_both_backends():
+    for backend in BACKENDS:
+        validate(replace(SMALL, backend=backend, temperature=0.8, top_k=5, top_p=0.95, seed=2**64 - 1))
+        with pytest.raises(BadInput) as error:
+            validate(replace(SMALL, backend=backend, temperature=0.8, top_p=1.5))
+        assert error.value.argument == "--top-p", backend
 
 
-def test_cli_sampling_on_the_gpu_backend_exits_3_before_any_gpu_work(root):
+def test_cli_bad_sampling_option_exits_3_before_any_gpu_work(root):
     # validate runs before the GPU is looked for, so the answer is the same with or without one
-    done = kdt("pipeline", "--temperature", "0.8", cwd=root)
-    assert done.returncode == 3, done.stdout + done.stderr
-    assert "--temperature" in done.stderr and "tree-sample kernel" in done.stderr and "Traceback" not in done.stderr
-    done = kdt("pipeline", "--backend", "cpu", "--top-p", "1.5", cwd=root)
-    assert done.returncode == 3 and "--top-p" in done.stderr
+    for backend in BACKENDS:
+        done = kdt("pipeline", "--backend", backend, "--temperature", "0.8", "--top-p", "1.5", cwd=root)
+        assert done.returncode == 3, done.stdout + done.stderr
+        assert "--top-p" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_the_gpu_check_takes_the_rule_and_positions(monkeypatch):
-    """check.check_step (the GPU backend's per-step check) on one step computed on the CPU: no disagreement; an
-    accepted token changed: tree-accept disagrees."""
-    config = replace(SMALL, backend="gpu")
+def one_step_on_cpu(config: PipelineConfig):
+    """Step 0 computed by the references, shaped as GpuStep.outputs_on_host: (model, committed, position, outputs)."""
     model = TargetModel.create(config.seed, config.vocab)
     committed = make_prompts(config.seed, config.batch, config.vocab)[:, -3:]
     position = np.full(config.batch, PROMPT_LEN, np.int64)
@@ -264,12 +262,67 @@ def test_the_gpu_check_takes_the_rule_and_positions(monkeypatch):
     outputs = {"drafter": {"logits": logits}, "topk": top, "tree-build": tree,
                "target": {"target_logits": target_logits},
                "tree-accept": acceptance.accept(config, tree, target_logits, position)}
+    return model, committed, position, outputs
+
+
+def test_the_gpu_backend_gives_tree_sample_its_contract_inputs():
+    config = replace(SMALL, backend="gpu", temperature=0.8, top_k=5, top_p=0.9, seed=2**64 - 1)
+    sampling = acceptance.gpu_sampling_inputs(np, config)  # numpy stands in for CuPy: the same calls
+    outputs = one_step_on_cpu(config)[3]
+    tree, groups = outputs["tree-build"], config.batch
+    inputs = {**{name: tree[name] for name in ("token", "first_child", "next_sibling", "n_nodes")},
+              "target_logits": outputs["target"]["target_logits"], **sampling}
+    stages.get("tree-sample").check_layout({name: array.shape for name, array in inputs.items()},
+                                           {name: array.dtype.name for name, array in inputs.items()},
+                                           {"max_depth": config.depth})
+    assert sampling["temperature"].tolist() == [np.float32(0.8)] * groups
+    assert sampling["top_k"].tolist() == [5] * groups and sampling["top_p"].tolist() == [np.float32(0.9)] * groups
+    assert sampling["seed"].tolist() == [2**64 - 1] * groups
+    assert acceptance.gpu_sampling_inputs(np, replace(config, temperature=0.0)) == {}  # tree-accept takes none
+
+
+@pytest.mark.parametrize("temperature", [0.0, 30.0])
+def test_the_gpu_check_takes_the_rule_and_positions(temperature):
+    """check.check_step (the GPU backend's per-step check) on one step computed on the CPU: no disagreement; an
+    accepted token changed: the acceptance stage disagrees."""
+    config = replace(SMALL, backend="gpu", temperature=temperature)
+    model, committed, position, outputs = one_step_on_cpu(config)
     disagreements: dict[str, str] = {}
     check_step(config, model, 0, committed, position, outputs, stage_timings(), disagreements)
     assert disagreements == {}
     outputs["tree-accept"]["accept_tokens"][0, 0] += 1
     check_step(config, model, 0, committed, position, outputs, stage_timings(), disagreements)
     assert set(disagreements) == {"tree-accept"} and "accept_tokens" in disagreements["tree-accept"]
+
+
+def test_the_gpu_check_of_sampling_says_whether_a_draw_was_on_a_knifes_edge(monkeypatch):
+    """A walk drawn one position late (noise keyed wrongly) disagrees, and the check says whether the reference's
+    draws were decisive there (a kernel bug) or on a knife's edge (float32 may round either way)."""
+    config = replace(SMALL, backend="gpu", temperature=30.0)
+    model, committed, position, outputs = one_step_on_cpu(config)
+    tree, target_logits = outputs["tree-build"], outputs["target"]["target_logits"]
+    late = acceptance.accept(config, tree, target_logits, position + 1)
+    assert not all(np.array_equal(late[name], outputs["tree-accept"][name]) for name in late), "no walk moved"
+    outputs["tree-accept"] = late
+    decisive: dict[str, str] = {}
+    check_step(config, model, 0, committed, position, outputs, stage_timings(), decisive)
+    assert set(decisive) == {"tree-accept"} and "was decisive" in decisive["tree-accept"]
+    monkeypatch.setattr(acceptance, "draw_margins", lambda *args: np.zeros(config.batch))
+    on_edge: dict[str, str] = {}
+    check_step(config, model, 0, committed, position, outputs, stage_timings(), on_edge)
+    assert "knife's edge" in on_edge["tree-accept"] and "float32 may round either way" in on_edge["tree-accept"]
+
+
+def test_a_sampled_gpu_report_names_tree_sample_for_the_acceptance_stage(capsys):
+    """The step's acceptance stage is keyed "tree-accept" in timings and disagreements; the report names the contract
+    stage it ran."""
+    result = run_cpu(temperature=30.0)
+    result.config = replace(result.config, backend="gpu")  # the GPU report's rows, on a CPU run's numbers
+    result.disagreements = {"tree-accept": "step 0: accept_tokens at (0, 0): 1, expected 2 (1 differ)"}
+    print_result(result)
+    out = capsys.readouterr().out
+    assert "tree-sample disagrees with the reference" in out and "tree-accept disagrees" not in out
+    assert "step graph (topk -> tree-build -> target -> tree-sample)" in out
 
 
 # ---- the check can fail --------------------------------------------------------------------------------------
@@ -453,21 +506,48 @@ def test_the_synthetic_target_kernel_builds_and_exports_what_the_python_side_ass
 # ---- the GPU backend -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("quality", [0.0, 0.7, 1.0])
-def test_gpu_is_lossless_and_accepts_what_the_cpu_accepts(quality):
-    config = PipelineConfig(batch=4, budget=31, depth=6, topk=8, tokens=40, seed=5, draft_quality=quality, vocab=2048)
+def assert_the_gpu_decodes_as_the_cpu(config: PipelineConfig) -> PipelineResult:
+    """Both backends on `config`: the GPU run lossless, every kernel output equal to its reference, and the same
+    text and accepted lengths as the CPU run. -> the GPU run."""
     gpu = pipeline.run(replace(config, backend="gpu"))
     cpu = pipeline.run(replace(config, backend="cpu"))
     assert gpu.lossless, gpu.mismatch
     assert not gpu.disagreements, gpu.disagreements
     assert np.array_equal(gpu.generated, cpu.generated)
     assert [x.tolist() for x in gpu.accept_lens] == [x.tolist() for x in cpu.accept_lens]
+    return gpu
+
+
+GPU_CONFIG = PipelineConfig(batch=4, budget=31, depth=6, topk=8, tokens=40, seed=5, vocab=2048)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quality", [0.0, 0.7, 1.0])
+def test_gpu_is_lossless_and_accepts_what_the_cpu_accepts(quality):
+    gpu = assert_the_gpu_decodes_as_the_cpu(replace(GPU_CONFIG, draft_quality=quality))
     assert len(gpu.graph_ms) == gpu.steps and all(ms > 0 for ms in gpu.graph_ms)
     for name in STAGES:
         assert len(gpu.timings[name].ms) == gpu.steps
     for name in GRAPH_STAGES:
         assert len(gpu.timings[name].reference_ms) == gpu.steps
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("temperature, top_k, top_p, seed", [
+    (0.8, 0, 0.95, 1),
+    (30.0, 20, 1.0, 3),
+    (30.0, 0, 0.7, 4),
+    (100.0, 50, 0.9, 2**64 - 1),
+    (1000.0, 0, 1.0, 5),   # nearly uniform: the drafter's greedy guesses are seldom drawn
+])
+def test_gpu_sampling_equals_plain_sampling_and_the_cpu_run(temperature, top_k, top_p, seed):
+    """tree-sample in the step graph: its positions are written into the graph's buffers each step, so the
+    speculative text is plain sampling's with the same seed, token for token, step after step."""
+    config = replace(GPU_CONFIG, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, draft_quality=0.8)
+    gpu = assert_the_gpu_decodes_as_the_cpu(config)
+    assert gpu.steps > 1 and gpu.tokens_per_target_call >= 1.0
+    if temperature >= 30:  # hot enough that the text leaves the greedy one: the kernel really sampled
+        assert not np.array_equal(gpu.generated, argmax_decode(config))
 
 
 @pytest.mark.gpu
@@ -477,5 +557,22 @@ def test_gpu_cli_default_run(root, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(out.read_text())
     assert report["lossless"] and report["passed"] and report["step_graph_ms_per_step_median"] > 0
+    for name in KDT_STAGES:
+        assert report["stages"][name]["cpu_reference_ms_per_step_median"] > 0
+
+
+@pytest.mark.gpu
+def test_gpu_cli_sampling_run(root, tmp_path):
+    """Issue 18's closing run: the GPU backend sampling, lossless against plain sampling, with its acceptance."""
+    out = tmp_path / "gpu_sampled.json"
+    done = kdt("pipeline", "--backend", "gpu", "--temperature", "0.8", "--top-p", "0.95", "--tokens", "64",
+               "--json", str(out), cwd=root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "sampling T=0.8 top-k=off top-p=0.95" in done.stdout and "tree-sample" in done.stdout
+    assert "lossless (= the target's plain sampling with the same seed)" in done.stdout
+    report = json.loads(out.read_text())
+    assert report["lossless"] and report["passed"] and report["reference_disagreements"] == {}
+    assert report["acceptance_stage"] == "tree-sample"
+    assert report["tokens_per_target_call"] > 1.0 and report["accept_len_histogram"]
     for name in KDT_STAGES:
         assert report["stages"][name]["cpu_reference_ms_per_step_median"] > 0

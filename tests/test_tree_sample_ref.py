@@ -14,6 +14,8 @@ from kdt.refs.errors import BadInput
 from kdt.refs.tree_accept import tree_accept
 from kdt.refs.tree_sample import EPS, philox4x32_10, sample, tree_sample, uniforms
 from kdt.stages import tree_accept as accept_stage
+from tests.sampling_stats import (accept_len_probs, assert_walks_follow_the_path_products, assert_within_six_sigma,
+                                  filtered_probs, tree_arrays, walk_outcomes)
 
 # Random123's known answers for philox4x32 with 10 rounds: tests/kat_vectors of
 # https://github.com/DEShawResearch/random123 (commit 9545ff6413f258be2f04c1d319d99aaef7521150), the three
@@ -43,24 +45,6 @@ def walk(tree, logits, max_depth, **params):
     groups = tree["token"].shape[0]
     return tree_sample(tree["token"], tree["first_child"], tree["next_sibling"], tree["n_nodes"], max_depth, logits,
                        **per_request(groups, **params))
-
-
-def filtered_probs(logits, temperature, top_k, top_p) -> np.ndarray:
-    """The contract's filtered distribution, written plainly: a Python sort, float64, a running sum."""
-    z = np.asarray(logits, np.float32).astype(np.float64) / float(np.float32(temperature))
-    ranked = sorted(range(len(z)), key=lambda t: (-z[t], t))
-    kept = ranked[:top_k] if top_k else ranked
-    probs = np.exp(z[kept] - z[kept[0]])
-    probs /= probs.sum()
-    if float(np.float32(top_p)) < 1:
-        total, count = 0.0, 0
-        while total < float(np.float32(top_p)) and count < len(kept):
-            total += probs[count]
-            count += 1
-        kept, probs = kept[:count], probs[:count] / probs[:count].sum()
-    out = np.zeros(len(z))
-    out[kept] = probs
-    return out
 
 
 def float32_draw(logits, temperature, top_k, top_p, u) -> int:
@@ -170,15 +154,8 @@ def test_temperature_zero_at_full_vocabulary():
 LOGITS = np.array([2.0, 1.5, 1.5, 0.3, -0.2, -1.0, 0.9, -np.inf, 1.1, -0.5, 0.9, 3.0], np.float32)
 
 
-def assert_within_six_sigma(counts, probs, draws):
-    assert (counts[probs == 0] == 0).all(), "a token outside the kept set was drawn"
-    sigma = np.sqrt(draws * probs * (1 - probs))
-    deviation = np.abs(counts - draws * probs)
-    assert (deviation <= 6 * sigma).all(), (counts, np.round(draws * probs))
-
-
 @pytest.mark.parametrize("temperature", [0.7, 1.0, 1.5])
-@pytest.mark.parametrize("top_k, top_p", [(6, 1.0), (0, 0.8), (5, 0.9)])
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (6, 1.0), (0, 0.8), (5, 0.9)])
 def test_single_draws_follow_the_filtered_softmax(temperature, top_k, top_p):
     """top_k = 6 cuts between the two 0.9 logits: id 6 is kept, id 10 (the larger id) never drawn."""
     rows = np.broadcast_to(LOGITS, (DRAWS, len(LOGITS)))
@@ -204,38 +181,6 @@ TOKENS = [9, 1, 4, 0, 5, 2, 3, 2, 2]
 SMALL_TREE_K = 3
 
 
-def small_tree(groups):
-    first_child = np.full(len(TOKENS), -1, np.int32)
-    next_sibling = np.full(len(TOKENS), -1, np.int32)
-    for parent, children in CHILDREN.items():
-        first_child[parent] = children[0]
-        for before, after in zip(children, children[1:]):
-            next_sibling[before] = after
-    rows = {"token": np.array(TOKENS, np.int32), "first_child": first_child, "next_sibling": next_sibling}
-    return {**{name: np.tile(row, (groups, 1)) for name, row in rows.items()},
-            "n_nodes": np.full(groups, len(TOKENS) - 1, np.int32)}
-
-
-def path_outcomes(q):
-    """{(final slot, bonus token): probability} of the walk, from the products of the target's filtered
-    probabilities q[slot] along each path."""
-    outcomes = {}
-
-    def visit(slot, depth, reach):
-        children = CHILDREN.get(slot, []) if depth < SMALL_TREE_K else []
-        first_with = {}
-        for child in children:
-            first_with.setdefault(TOKENS[child], child)  # a repeated token goes to the first in sibling order
-        for token, prob in enumerate(q[slot]):
-            if token in first_with:
-                visit(first_with[token], depth + 1, reach * prob)
-            elif prob > 0:
-                outcomes[slot, token] = outcomes.get((slot, token), 0.0) + reach * prob
-
-    visit(0, 0, 1.0)
-    return outcomes
-
-
 @pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.8, 4, 0.85)])
 def test_walk_outcomes_follow_the_path_products(temperature, top_k, top_p):
     """Which slot the walk stops at, with which bonus token, and so the accepted length: binned against the
@@ -245,28 +190,15 @@ def test_walk_outcomes_follow_the_path_products(temperature, top_k, top_p):
     row_logits[[0, 5, 1, 4], [2, 1, 5, 2]] += 1.5  # along the deepest path 0 -> 5 -> 1 -> 4: every length counts
     row_logits = row_logits.astype(np.float32)
     q = [filtered_probs(row, temperature, top_k, top_p) for row in row_logits]
-    expected = path_outcomes(q)
+    expected = walk_outcomes(CHILDREN, TOKENS, SMALL_TREE_K, q)
     assert abs(sum(expected.values()) - 1) < 1e-12
+    assert (accept_len_probs(CHILDREN, expected, SMALL_TREE_K) > 0.02).all()
 
     seeds = (2**63 + np.arange(DRAWS, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))  # wraps: spread over 2^64
     positions = 2**32 - 2 + np.arange(DRAWS) % 5  # walks cross 2^32
-    out = walk(small_tree(DRAWS), np.broadcast_to(row_logits, (DRAWS, *row_logits.shape)), SMALL_TREE_K,
-               temperature=temperature, top_k=top_k, top_p=top_p, seed=seeds, position=positions)
-    final = out["accept_index"][np.arange(DRAWS), out["accept_len"]]
-    bonus = out["accept_tokens"][np.arange(DRAWS), out["accept_len"]]
-    outcomes = sorted(expected)
-    index = {outcome: i for i, outcome in enumerate(outcomes)}
-    binned = np.array([index.get((int(s), int(t)), -1) for s, t in zip(final, bonus)])
-    assert (binned >= 0).all(), "an outcome of probability 0"
-    probs = np.array([expected[outcome] for outcome in outcomes])
-    assert_within_six_sigma(np.bincount(binned, minlength=len(outcomes)), probs, DRAWS)
-
-    depth = {0: 0, 5: 1, 2: 1, 7: 1, 1: 2, 6: 2, 3: 2, 4: 3, 8: 4}
-    length_probs = np.zeros(SMALL_TREE_K + 1)
-    for (slot, _), prob in expected.items():
-        length_probs[depth[slot]] += prob
-    assert (length_probs > 0.02).all()
-    assert_within_six_sigma(np.bincount(out["accept_len"], minlength=SMALL_TREE_K + 1), length_probs, DRAWS)
+    out = walk(tree_arrays(CHILDREN, TOKENS, DRAWS), np.broadcast_to(row_logits, (DRAWS, *row_logits.shape)),
+               SMALL_TREE_K, temperature=temperature, top_k=top_k, top_p=top_p, seed=seeds, position=positions)
+    assert_walks_follow_the_path_products(out, CHILDREN, SMALL_TREE_K, expected)
 
 
 # --- positions, seeds, margins ----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ def command(batch: int = typer.Option(8, "--batch", help="requests decoded toget
                                                 help="0..1: how often the drafter's top guess is the target's token"),
             vocab: int = typer.Option(4096, "--vocab", help="vocabulary of the target and the drafter"),
             temperature: float = typer.Option(0.0, "--temperature",
-                                              help="0: greedy (tree-accept); > 0: sampling (tree-sample, cpu backend)"),
+                                              help="0: greedy (tree-accept); > 0: sampling (tree-sample)"),
             top_k: int = typer.Option(0, "--top-k", help="sampling: keep the K most probable tokens (0: off)"),
             top_p: float = typer.Option(1.0, "--top-p", help="sampling: keep the fewest most probable tokens of "
                                                              "probability >= P (0 < P <= 1; 1: off)"),

@@ -9,8 +9,9 @@ Greedy is the contract's `tree-accept`, sampling its `tree-sample` (refs/tree_sa
 position p is drawn with Philox noise keyed by (seed, p, token), so the speculative walk and plain decoding draw
 the same token there. At temperature 0 tree-sample is tree-accept; the greedy rule stays on tree-accept's
 reference all the same, as that is what the GPU's tree-accept kernel is checked against. Every request samples
-with the run's one seed, as an engine does for a batch submitted with one seed (their prompts differ). The GPU has
-no tree-sample kernel yet, so `accept_on_gpu` is greedy only (config.validate refuses sampling there).
+with the run's one seed, as an engine does for a batch submitted with one seed (their prompts differ). On the GPU
+the sampling parameters and positions are device arrays (`gpu_sampling_inputs`), so the tree-sample kernel reads
+each step's positions when a captured graph replays.
 """
 
 from __future__ import annotations
@@ -87,33 +88,63 @@ def plain_decode(config: PipelineConfig, model, prompts: np.ndarray) -> np.ndarr
     return out
 
 
+def _walk(config: PipelineConfig, tree: dict[str, np.ndarray]) -> tuple:
+    """The tree and depth arguments both references take first."""
+    return tree["token"], tree["first_child"], tree["next_sibling"], tree["n_nodes"], config.depth
+
+
+def _sampled_walk(config: PipelineConfig, tree: dict[str, np.ndarray], target_logits: np.ndarray,
+                  position: np.ndarray) -> dict[str, np.ndarray]:
+    """tree-sample's reference on one step, its decision margins included."""
+    return ref_tree_sample.tree_sample(*_walk(config, tree), target_logits, **_sampling_arrays(config, position))
+
+
 def accept(config: PipelineConfig, tree: dict[str, np.ndarray], target_logits: np.ndarray,
            position: np.ndarray) -> dict[str, np.ndarray]:
     """The reference (numpy): tree-build's outputs, the target's logits at every slot and the absolute position
     [G] of the token drawn at the root (the committed length) -> accept_len, accept_index, accept_tokens (the
     accepted tokens, then the bonus)."""
-    walk = (tree["token"], tree["first_child"], tree["next_sibling"], tree["n_nodes"], config.depth)
     if is_greedy(config):
-        return ref_tree_accept.tree_accept(*walk, target_logits=target_logits)
-    out = ref_tree_sample.tree_sample(*walk, target_logits, **_sampling_arrays(config, position))
+        return ref_tree_accept.tree_accept(*_walk(config, tree), target_logits=target_logits)
+    out = _sampled_walk(config, tree, target_logits, position)
     return {name: out[name] for name in ("accept_len", "accept_index", "accept_tokens")}
 
 
-def _gpu_inputs(tree, target_logits) -> dict:
+def draw_margins(config: PipelineConfig, tree: dict[str, np.ndarray], target_logits: np.ndarray,
+                 position: np.ndarray) -> np.ndarray:
+    """Sampling: each request's smallest decision margin along its walk, float64 [G]. Below refs' EPS one of its
+    draws is on a knife's edge, which the contract lets a float32 kernel round either way."""
+    return _sampled_walk(config, tree, target_logits, position)["min_margin"]
+
+
+def gpu_sampling_inputs(cp, config: PipelineConfig) -> dict:
+    """tree-sample's per-request inputs as CuPy arrays (empty when greedy: tree-accept takes none). The kernel reads
+    them at every launch, so a captured graph replays with what they hold then: the backend writes each step's
+    committed lengths into `position` before the replay."""
+    if is_greedy(config):
+        return {}
+    start = np.zeros(config.batch, np.int64)
+    return {name: cp.asarray(array) for name, array in _sampling_arrays(config, start).items()}
+
+
+def _gpu_inputs(tree, target_logits, sampling: dict) -> dict:
     return {"token": tree.token, "first_child": tree.first_child, "next_sibling": tree.next_sibling,
-            "n_nodes": tree.n_nodes, "target_logits": target_logits}
+            "n_nodes": tree.n_nodes, "target_logits": target_logits, **sampling}
 
 
-def accept_on_gpu(tree, target_logits, max_depth: int, *, out=None, workspace=None):
-    """Greedy `accept` with the tree-accept kernel: `tree` a kdt.ops.Tree of CuPy arrays -> kdt.ops.Acceptance."""
+def accept_on_gpu(config: PipelineConfig, tree, target_logits, sampling: dict, *, out=None, workspace=None):
+    """`accept` with the kernel of `stage_name(config)` (kdt.ops.tree_accept's or kdt.ops.tree_sample's launch):
+    `tree` a kdt.ops.Tree of CuPy arrays, `sampling` from `gpu_sampling_inputs` -> kdt.ops.Acceptance."""
     from kdt import ops
 
-    return ops.Acceptance(**ops.run("tree-accept", _gpu_inputs(tree, target_logits), {"max_depth": max_depth},
-                                    out=out, workspace=workspace))
+    inputs = _gpu_inputs(tree, target_logits, sampling)
+    return ops.Acceptance(**ops.run(stage_name(config), inputs, {"max_depth": config.depth}, out=out,
+                                    workspace=workspace))
 
 
-def gpu_workspace(tree, target_logits, max_depth: int):
+def gpu_workspace(config: PipelineConfig, tree, target_logits, sampling: dict):
     """The workspace `accept_on_gpu` needs for these arrays (None if none)."""
     from kdt import ops
 
-    return ops.workspace_for("tree-accept", _gpu_inputs(tree, target_logits), {"max_depth": max_depth})
+    return ops.workspace_for(stage_name(config), _gpu_inputs(tree, target_logits, sampling),
+                             {"max_depth": config.depth})

@@ -81,8 +81,3 @@ def _validate_sampling(config: PipelineConfig) -> None:
             config.top_k)
     top_p = _float32(config.top_p)
     require(0 < top_p <= 1, "--top-p", "a number in (0, 1] (1: off; non-zero as float32)", config.top_p)
-    # The GPU backend has the tree-accept kernel only; no machine runs sampling on it with this build, so this is
-    # a combination of options it cannot take (exit 3), not a machine that lacks something (exit 2).
-    require(config.backend == "cpu" or config.temperature == 0, "--temperature",
-            "0 with --backend gpu (the GPU backend samples only once the tree-sample kernel exists; "
-            "--backend cpu samples)", config.temperature)

@@ -1,9 +1,11 @@
 """The GPU backend: kdt.ops on CuPy arrays, the step replayed from one CUDA graph.
 
-topk, tree-build, the target at every slot (kernels/synthetic_target.cu) and tree-accept run captured in one CUDA
-graph, replayed each step on fixed buffers (eager launches hide where the time goes). Each stage is also captured
-alone, to time it; and the references run on the same step's inputs on the CPU (check.py), which times what
-engines do today and checks every kernel output against them. The drafter and the append run eagerly (CuPy).
+topk, tree-build, the target at every slot (kernels/synthetic_target.cu) and tree-accept (or, sampling,
+tree-sample) run captured in one CUDA graph, replayed each step on fixed buffers (eager launches hide where the time
+goes); what changes from step to step (the committed tokens, and the positions tree-sample keys its noise by) is
+written into those buffers before each replay. Each stage is also captured alone, to time it; and the references
+run on the same step's inputs on the CPU (check.py), which times what engines do today and checks every kernel
+output against them. The drafter and the append run eagerly (CuPy).
 """
 
 from __future__ import annotations
@@ -88,7 +90,8 @@ class GpuStep:
             # workspaces sized as ops.run would size them, so nothing is allocated inside a capture
             self.topk_workspace = ops.workspace_for("topk", {"logits": self.logits}, {"k": V})
             self.build_workspace = ops.workspace_for("tree-build", self.top._asdict(), {"budget": config.budget})
-            self.accept_workspace = acceptance.gpu_workspace(self.tree, self.target_logits, K)
+            self.sampling = acceptance.gpu_sampling_inputs(cp, config)
+            self.accept_workspace = acceptance.gpu_workspace(config, self.tree, self.target_logits, self.sampling)
         self.stages = {"topk": self.topk, "tree-build": self.tree_build, "target": self.target_at_slots,
                        "tree-accept": self.tree_accept}   # GRAPH_STAGES, in order
         self.step_graph = None
@@ -108,8 +111,16 @@ class GpuStep:
         self.target.logits(self.slot_last3, self.target_logits)
 
     def tree_accept(self) -> None:
-        acceptance.accept_on_gpu(self.tree, self.target_logits, self.config.depth, out=self.accepted,
+        acceptance.accept_on_gpu(self.config, self.tree, self.target_logits, self.sampling, out=self.accepted,
                                  workspace=self.accept_workspace)
+
+    def start_step(self, seq, seq_len) -> None:
+        """Where this step starts, into the buffers the graphs read: the last three committed tokens (the drafter's
+        and the target's context) and, sampling, the committed lengths, the absolute position of each request's
+        root draw (as the CPU backend computes it, so the noise matches plain sampling's)."""
+        self.committed[...] = committed_last3(self.cp, seq, seq_len)
+        if self.sampling:
+            self.sampling["position"][...] = seq_len
 
     def target_greedy(self, last3):
         """The drafter's view of the target (eager, outside the graphs)."""
@@ -171,7 +182,7 @@ def run_gpu(config: PipelineConfig, model: TargetModel, prompts: np.ndarray) -> 
             timed = ("drafter", "graph", *GRAPH_STAGES, "append")
             events = {name: (cp.cuda.Event(), cp.cuda.Event()) for name in timed}
             events["drafter"][0].record(stream)
-            steps.committed[...] = committed_last3(cp, seq, seq_len)
+            steps.start_step(seq, seq_len)
             steps.logits[...] = draft_logits(cp, steps.target_greedy, steps.committed, step=step, seed=config.seed,
                                              depth=K, vocab=vocab, quality=config.draft_quality)
             events["drafter"][1].record(stream)

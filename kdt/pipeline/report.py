@@ -94,7 +94,7 @@ def summary_tables(result: PipelineResult):
     row(f"kdt stages (topk + tree-build + {accepting})", "sum", result.stage_sum_ms(KDT_STAGES),
         result.stage_sum_ms(KDT_STAGES, reference=True) if gpu else None)
     if gpu:
-        row("step graph (topk -> tree-build -> target -> tree-accept)", "one replay", result.graph_median_ms,
+        row(f"step graph (topk -> tree-build -> target -> {accepting})", "one replay", result.graph_median_ms,
             result.stage_sum_ms(GRAPH_STAGES, reference=True))
     return numbers, stages
 
@@ -113,5 +113,7 @@ def print_result(result: PipelineResult) -> None:
         console.print(f"[red]not lossless[/]: request {mismatch.request}, generated token {mismatch.position}: "
                       f"{baseline} gives {mismatch.expected}, the pipeline gave {mismatch.got} "
                       f"({mismatch.requests_affected} of {result.config.batch} requests differ)")
+    accepting = acceptance.stage_name(result.config)  # the step's "tree-accept" stage, by the contract stage it ran
     for stage, detail in result.disagreements.items():
-        console.print(f"[red]{escape(stage)} disagrees with the reference[/]: {escape(detail)}")
+        label = accepting if stage == "tree-accept" else stage
+        console.print(f"[red]{escape(label)} disagrees with the reference[/]: {escape(detail)}")
