@@ -171,6 +171,7 @@ class FuzzReport:
     elapsed_s: float = 0.0
     failures: list[FuzzFailure] = field(default_factory=list)
     generator_bugs: list[GeneratorBug] = field(default_factory=list)
+    redrawn: int = 0              # generated draws redrawn off a knife's edge (Case.redrawn), not failures
     stopped_by: str = ""          # "time", "cases", "failures", "context lost", "no generator"
     context_lost: str | None = None
 
@@ -406,6 +407,7 @@ def run_fuzz(spec: StageSpec, seconds: float | None = 60.0, seed: int = 0, max_c
             index += 1
             notify("fuzzing")
             continue
+        report.redrawn += case.redrawn
         try:
             outcome = runner(case)
         except ContextLost as lost:

@@ -36,6 +36,7 @@ class Case:
     seed: int
     params: Params
     inputs: Arrays
+    redrawn: int = 0   # a generator's draws redrawn off a knife's edge (stages with decision margins; kdt fuzz counts)
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ def _fuzz_json(report: fuzz.FuzzReport) -> dict:
 
     return {"kernel": report.kernel, "seed": report.seed, "start": report.start, "cases_run": report.cases_run,
             "elapsed_s": report.elapsed_s, "stopped_by": report.stopped_by, "context_lost": report.context_lost,
-            "ok": report.ok,
+            "ok": report.ok, "redrawn": report.redrawn,
             "failures": [{"index": f.index, "seed": f.seed, "detail": f.detail, "original": fuzz.summarize(f.original),
                           "shrunk": fuzz.summarize(f.shrunk), "shrink_steps": f.shrink_steps,
                           "shrink_runs": f.shrink_runs, "saved_as": f.saved_as,
@@ -155,7 +155,9 @@ def command(kernels: list[str] = StagesArg,
     bugs = sum(len(r.generator_bugs) for r in reports)
     total = sum(r.cases_run for r in reports)
     ok = all(r.ok for r in reports) and not skipped
-    out.say(f"{total} cases, {failed} failed, {bugs} generator bugs (seed {seed})")
-    out.document({"ok": ok, "seed": seed, "cases": total, "failed": failed, "generator_bugs": bugs,
+    redrawn = sum(r.redrawn for r in reports)
+    out.say(f"{total} cases, {failed} failed, {bugs} generator bugs (seed {seed})"
+            + (f"; {redrawn} generated draws redrawn off a knife's edge" if redrawn else ""))
+    out.document({"ok": ok, "seed": seed, "cases": total, "failed": failed, "generator_bugs": bugs, "redrawn": redrawn,
                   "not_fuzzed": skipped, "kernels": [_fuzz_json(report) for report in reports]})
     raise typer.Exit(EXIT_OK if ok else EXIT_CHECK_FAILED)
