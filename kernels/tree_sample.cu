@@ -1,5 +1,5 @@
 // kernels/tree_sample.cu -- `tree-sample`: sampled, lossless acceptance of a DDTree draft tree (contract:
-// plans/contracts.md, `tree-sample`). Design plan, and what this first version leaves for it: plans/kernels/tree-sample.md.
+// plans/contracts.md, `tree-sample`). Design, proofs and measurements: plans/kernels/tree-sample.md.
 //
 // Contract in brief
 //   inputs  token, first_child, next_sibling int32 [G, N]; target_logits [G, N, vocab] float32 or bf16 (uint16 raw
@@ -10,83 +10,143 @@
 //   accepted while d < K; otherwise x is the bonus. Pointers are followed only inside [0, N); a malformed tree
 //   stops the walk, never hangs.
 //
-// Entry point
-//   kdt_tree_sample  grid = G, block = kdt_tree_sample_threads (512): a block walks one request, drawing each
-//                    visited row with the whole block (tree_sample/draw.cuh). Static smem ~3 KB; no workspace.
-//                    Graph-capturable: every per-request value is read on the device.
+// Entry points (clusters of ts::CLUSTER = 8 blocks of ts::THREADS = 512; a draw is the whole cluster's, each
+// block a chunk of the row: tree_sample/draw.cuh)
+//   kdt_tree_sample_slots  grid = G * N clusters, one per (request, slot): the slot's depth (tree_sample/depth.cuh),
+//                          then its draw at position + depth into the workspace, (token, depth) int32 [G, N, 2];
+//                          unreachable slots get depth -1. Few rows (G * N small): every draw at once.
+//   kdt_tree_sample_walk   grid = G clusters: the walk; a slot whose workspace depth is the walk's takes the token
+//                          drawn there, any other is drawn on the spot (workspace null: every slot, one after
+//                          another: the path for many rows, which reads only the K + 1 rows a walk visits).
+//   Graph-capturable: every per-request value is read on the device; the plan depends on shapes only.
 //
-// Memory traffic (this first version: correct, not fast): per visited row, one pass for temperature only, ~9
-//   passes with top-k (4 + 4 radix passes, then the draw) and ~10 more with top-p; the later passes of a row come
-//   from L2. At most K + 1 rows per request.
-//
-// Limits (the launcher raises beyond): 1 <= vocab < 2^31; G < 2^31 (one block each).
+// Memory traffic: per draw, the row once from DRAM (the argmax pass); with top-k or top-p 2-3 more passes per
+//   filter from L2 (a histogram level, the gather of the cut bin's tokens), then the Gumbel pass (L2).
+// Limits (the launcher raises beyond): 1 <= vocab < 2^31; N <= ts::SLOTS_MAX for the every-slot path.
 
 #include <stdint.h>
 
+#include "tree_sample/depth.cuh"
 #include "tree_sample/draw.cuh"
 
 extern "C" __constant__ int kdt_tree_sample_threads = ts::THREADS;  // read by kdt/launch/tree_sample.py
+extern "C" __constant__ int kdt_tree_sample_cluster = ts::CLUSTER;
+extern "C" __constant__ int kdt_tree_sample_slots_max = ts::SLOTS_MAX;
+
+namespace ts {
+
+struct Request {
+    int g;
+    uint32_t rank;
+    float temperature;
+    int top_k;
+    float top_p;
+    uint64_t seed, position;
+};
+
+__device__ __forceinline__ Request request(int g, const float* temperature, const int* top_k, const float* top_p,
+                                           const unsigned long long* seed, const long long* position) {
+    return {g, blockIdx.x % CLUSTER, temperature[g], top_k[g], top_p[g], seed[g], static_cast<uint64_t>(position[g])};
+}
 
 template <typename Tin>
-__device__ void walk(const Tin* __restrict__ logits, int vocab, const int* __restrict__ token,
+__device__ int draw_row(const Tin* logits, int vocab, size_t row, const Request& q, uint64_t position, Smem& s) {
+    const int chunk = ((vocab + CLUSTER - 1) / CLUSTER + 7) & ~7;  // a multiple of 8: 16-byte aligned chunks
+    const int begin = min(vocab, static_cast<int>(q.rank) * chunk), end = min(vocab, begin + chunk);
+    const float inv_temperature = q.temperature > 0.f ? 1.f / q.temperature : 0.f;
+    Draw<Tin> d{logits + row * static_cast<size_t>(vocab), begin, end, inv_temperature, q.rank, 0u, 0.f};
+    return draw(d, q.temperature, q.top_k, q.top_p, q.seed, position, vocab, s);
+}
+
+template <typename Tin>
+__device__ void walk(const Tin* logits, int vocab, const int* __restrict__ token,
                      const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
-                     int max_depth, float temperature, int top_k, float top_p, uint64_t seed, uint64_t position,
-                     int* __restrict__ accept_index, int* __restrict__ accept_tokens, int& accepted, ts::Smem& s) {
-    const int g = static_cast<int>(blockIdx.x);
-    const size_t slots = static_cast<size_t>(g) * static_cast<size_t>(num_slots);
+                     int max_depth, const Request& q, const int* __restrict__ drawn, int* __restrict__ accept_len,
+                     int* __restrict__ accept_index, int* __restrict__ accept_tokens, Smem& s) {
+    __shared__ int next;
+    const size_t slots = static_cast<size_t>(q.g) * static_cast<size_t>(num_slots);
+    const size_t out = static_cast<size_t>(q.g) * static_cast<size_t>(max_depth + 1);
+    const bool writes = q.rank == 0;
+    if (writes)
+        for (int i = threadIdx.x; i <= max_depth; i += THREADS) {  // -1 where the walk writes nothing
+            accept_index[out + i] = i == 0 ? 0 : -1;
+            accept_tokens[out + i] = -1;
+        }
     int cur = 0;
     for (int d = 0;; ++d) {
-        const Tin* row = logits + (slots + static_cast<size_t>(cur)) * static_cast<size_t>(vocab);
-        const int x = ts::draw(row, vocab, temperature, top_k, top_p, seed, position + static_cast<uint64_t>(d), s);
+        const bool predrawn = drawn != nullptr && drawn[2 * (slots + cur) + 1] == d;
+        const int x = predrawn ? drawn[2 * (slots + cur)]
+                               : draw_row(logits, vocab, slots + cur, q, q.position + static_cast<uint64_t>(d), s);
         if (threadIdx.x == 0) {
-            int next = -1;
+            int found = -1;
             if (d < max_depth) {
                 int child = first_child[slots + cur];
                 for (int steps = 0; child >= 0 && child < num_slots && steps < num_slots; ++steps) {
                     if (token[slots + child] == x) {
-                        next = child;
+                        found = child;
                         break;
                     }
                     child = next_sibling[slots + child];
                 }
             }
-            const size_t out = static_cast<size_t>(g) * static_cast<size_t>(max_depth + 1);
-            accept_tokens[out + d] = next >= 0 ? token[slots + next] : x;
-            if (next >= 0) accept_index[out + d + 1] = next;
-            s.next = next;
+            if (writes) {
+                accept_tokens[out + d] = found >= 0 ? token[slots + found] : x;
+                if (found >= 0) accept_index[out + d + 1] = found;
+                if (found < 0) accept_len[q.g] = d;
+            }
+            next = found;
         }
         __syncthreads();
-        cur = s.next;
+        cur = next;
         __syncthreads();
-        if (cur < 0) {
-            accepted = d;
-            return;
-        }
+        if (cur < 0) break;
     }
+    kdt::cluster_sync();  // no block leaves while another may still read its shared memory
 }
 
-extern "C" __global__ void __launch_bounds__(ts::THREADS)
-    kdt_tree_sample(const void* __restrict__ target_logits, int bf16, int vocab, const int* __restrict__ token,
-                    const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
-                    int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
-                    const float* __restrict__ top_p, const unsigned long long* __restrict__ seed,
-                    const long long* __restrict__ position, int* __restrict__ accept_len,
-                    int* __restrict__ accept_index, int* __restrict__ accept_tokens) {
+}  // namespace ts
+
+extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, 1)
+    kdt_tree_sample_walk(const void* __restrict__ target_logits, int bf16, int vocab, const int* __restrict__ token,
+                         const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
+                         int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
+                         const float* __restrict__ top_p, const unsigned long long* __restrict__ seed,
+                         const long long* __restrict__ position, const int* __restrict__ drawn,
+                         int* __restrict__ accept_len, int* __restrict__ accept_index, int* __restrict__ accept_tokens) {
     __shared__ ts::Smem s;
-    const int g = static_cast<int>(blockIdx.x);
-    const size_t out = static_cast<size_t>(g) * static_cast<size_t>(max_depth + 1);
-    for (int i = threadIdx.x; i <= max_depth; i += ts::THREADS) {  // -1 where the walk writes nothing
-        accept_index[out + i] = i == 0 ? 0 : -1;
-        accept_tokens[out + i] = -1;
-    }
-    __syncthreads();
-    int accepted = 0;
-    const uint64_t pos = static_cast<uint64_t>(position[g]);
+    const ts::Request q = ts::request(static_cast<int>(blockIdx.x / ts::CLUSTER), temperature, top_k, top_p, seed,
+                                      position);
     if (bf16)
-        walk(static_cast<const uint16_t*>(target_logits), vocab, token, first_child, next_sibling, num_slots, max_depth,
-             temperature[g], top_k[g], top_p[g], seed[g], pos, accept_index, accept_tokens, accepted, s);
+        ts::walk(static_cast<const uint16_t*>(target_logits), vocab, token, first_child, next_sibling, num_slots,
+                 max_depth, q, drawn, accept_len, accept_index, accept_tokens, s);
     else
-        walk(static_cast<const float*>(target_logits), vocab, token, first_child, next_sibling, num_slots, max_depth,
-             temperature[g], top_k[g], top_p[g], seed[g], pos, accept_index, accept_tokens, accepted, s);
-    if (threadIdx.x == 0) accept_len[g] = accepted;
+        ts::walk(static_cast<const float*>(target_logits), vocab, token, first_child, next_sibling, num_slots,
+                 max_depth, q, drawn, accept_len, accept_index, accept_tokens, s);
+}
+
+extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, 1)
+    kdt_tree_sample_slots(const void* __restrict__ target_logits, int bf16, int vocab,
+                          const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
+                          int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
+                          const float* __restrict__ top_p, const unsigned long long* __restrict__ seed,
+                          const long long* __restrict__ position, int* __restrict__ drawn) {
+    __shared__ ts::Smem s;
+    __shared__ ts::DepthSmem tree;
+    const int row = static_cast<int>(blockIdx.x / ts::CLUSTER);   // g * N + slot
+    const int g = row / num_slots, slot = row % num_slots;
+    const ts::Request q = ts::request(g, temperature, top_k, top_p, seed, position);
+    const size_t base = static_cast<size_t>(g) * static_cast<size_t>(num_slots);
+    const int depth = ts::slot_depth(first_child + base, next_sibling + base, num_slots, slot, tree);
+    if (depth > max_depth) {  // the walk never draws here (every block of the cluster agrees: same depth)
+        if (q.rank == 0 && threadIdx.x == 0) drawn[2 * static_cast<size_t>(row) + 1] = -1;
+        return;
+    }
+    const uint64_t at = q.position + static_cast<uint64_t>(depth);
+    const int x = bf16 ? ts::draw_row(static_cast<const uint16_t*>(target_logits), vocab, row, q, at, s)
+                       : ts::draw_row(static_cast<const float*>(target_logits), vocab, row, q, at, s);
+    if (q.rank == 0 && threadIdx.x == 0) {
+        drawn[2 * static_cast<size_t>(row)] = x;
+        drawn[2 * static_cast<size_t>(row) + 1] = depth;
+    }
+    kdt::cluster_sync();  // no block leaves while another may still read its shared memory
 }

@@ -168,6 +168,29 @@ def test_tree_accept_splits_the_vocabulary_for_small_batches(targets):
     assert plan(64, 64, 163840).workspace_bytes == 64 * 64 * 8 + 64 * 4
 
 
+@pytest.mark.nvcc
+def test_tree_sample_draws_every_slot_at_once_only_for_few_rows(targets):
+    def plan(groups, slots, arch="sm_90", sms=None, **knobs):
+        inputs = {name: ArraySpec((groups, slots), "int32") for name in ("token", "first_child", "next_sibling")}
+        inputs.update(n_nodes=ArraySpec((groups,), "int32"),
+                      target_logits=ArraySpec((groups, slots, 163840), "bfloat16"),
+                      temperature=ArraySpec((groups,), "float32"), top_k=ArraySpec((groups,), "int32"),
+                      top_p=ArraySpec((groups,), "float32"), seed=ArraySpec((groups,), "uint64"),
+                      position=ArraySpec((groups,), "int64"))
+        return ops.plan_for("tree-sample", inputs, {"max_depth": 15}, targets("tree-sample", arch, sms), knobs)
+
+    few = plan(1, 16)          # one request: every slot's draw at once (one draw of latency), then the walk
+    assert [k.function for k in few.launches] == ["kdt_tree_sample_slots", "kdt_tree_sample_walk"]
+    assert few.launches[0].grid[0] == 16 * 8 and few.launches[1].grid[0] == 8
+    assert all(k.cluster == 8 for k in few.launches) and few.workspace_bytes == 16 * 2 * 4
+    many = plan(64, 64)        # the walk alone: only the rows a walk visits are read
+    assert [k.function for k in many.launches] == ["kdt_tree_sample_walk"] and many.workspace_bytes == 0
+    assert len(plan(1, 16, every_slot_blocks_per_sm=0).launches) == 1
+    assert len(plan(1, 300).launches) == 1                        # N past the every-slot path's SLOTS_MAX
+    assert len(plan(4, 16, arch="sm_120", sms=70).launches) == 1  # 512 blocks > 4 per SM of a 70-SM GPU
+    assert len(plan(2, 16, arch="sm_120", sms=70).launches) == 2
+
+
 def test_knobs_parse_convert_and_name_the_bad_ones():
     assert make_knobs(topk_launcher.Knobs, None) == topk_launcher.Knobs()
     assert make_knobs(topk_launcher.Knobs, {"min_chunk": "4096", "resident": "off"}) == \

@@ -1,8 +1,14 @@
-"""Launch plan for `kernels/tree_sample.cu` (stage `tree-sample`): one launch for the whole batch.
+"""Launch plan for `kernels/tree_sample.cu` (stage `tree-sample`): every draw is one cluster's (8 blocks, each a
+chunk of the row). Two paths, chosen by shape:
 
-`kdt_tree_sample`: one block per request walks its tree, the whole block drawing each visited row (temperature,
-top-k, top-p, Gumbel-max with Philox noise keyed by seed and position). No workspace; every per-request value is
-read on the device, so a launch is graph-capturable.
+  every slot  few rows (G * N clusters fit `every_slot_blocks_per_sm` blocks per multiprocessor, N <= the kernel's
+              SLOTS_MAX): `kdt_tree_sample_slots` draws every reachable slot at once, at its depth's position, into
+              the workspace (token, depth) int32 [G, N, 2]; `kdt_tree_sample_walk` then walks on those draws. A
+              single request's latency is one draw, not one per accepted token.
+  walk        otherwise: `kdt_tree_sample_walk` alone, one cluster per request drawing each slot it visits, so only
+              the K + 1 rows a walk can visit are read (G = 64, N = 64: ~1/64 of the logits).
+
+Every per-request value is read on the device and the plan depends on shapes only: graph-capturable.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchPlan, Target
+from kdt.launch.plan import NULL, ArraySpec, KernelLaunch, LaunchPlan, Target, Workspace, knob
 
 PREFIX = "kdt_tree_sample_"
 OUTPUTS = ("accept_len", "accept_index", "accept_tokens")
@@ -20,7 +26,15 @@ SAMPLING = ("temperature", "top_k", "top_p", "seed", "position")
 
 @dataclass(frozen=True)
 class Knobs:
-    pass
+    every_slot_blocks_per_sm: int = knob(4, "draw every slot at once when its G * N clusters need at most this many "
+                                            "blocks per multiprocessor (0: always walk)")
+
+
+def every_slot(groups: int, slots: int, target: Target, knobs: Knobs) -> bool:
+    """Whether the every-slot path takes this shape."""
+    blocks = groups * slots * target.constant(PREFIX + "cluster")
+    return slots <= target.constant(PREFIX + "slots_max") and \
+        blocks <= knobs.every_slot_blocks_per_sm * target.multiprocessors
 
 
 def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knobs) -> LaunchPlan:
@@ -28,9 +42,20 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     if groups == 0:
         return LaunchPlan("tree-sample", "empty", (), knobs=knobs)
     logits = inputs["target_logits"]
-    bf16 = logits.dtype == "bfloat16"
-    launch = KernelLaunch("kdt_tree_sample", (groups, 1, 1), target.constant(PREFIX + "threads"),
-                          ("target_logits", np.int32(1 if bf16 else 0), np.int32(logits.shape[2]), "token",
-                           "first_child", "next_sibling", np.int32(slots), np.int32(int(params["max_depth"])),
-                           *SAMPLING, *OUTPUTS))
-    return LaunchPlan("tree-sample", "one block per request, draws along the walk", (launch,), knobs=knobs)
+    threads, cluster = target.constant(PREFIX + "threads"), target.constant(PREFIX + "cluster")
+    row = ("target_logits", np.int32(1 if logits.dtype == "bfloat16" else 0), np.int32(logits.shape[2]))
+    tree = (np.int32(slots), np.int32(int(params["max_depth"])), *SAMPLING)
+    facts = (("blocks per draw", cluster),)
+    if not every_slot(groups, slots, target, knobs):
+        walk = KernelLaunch("kdt_tree_sample_walk", (groups * cluster, 1, 1), threads,
+                            (*row, "token", "first_child", "next_sibling", *tree, NULL, *OUTPUTS), cluster=cluster)
+        return LaunchPlan("tree-sample", "walk: one cluster per request draws the slots it visits", (walk,),
+                          facts=facts, knobs=knobs)
+    draws = Workspace(0)
+    slots_launch = KernelLaunch("kdt_tree_sample_slots", (groups * slots * cluster, 1, 1), threads,
+                                (*row, "first_child", "next_sibling", *tree, draws), cluster=cluster)
+    walk = KernelLaunch("kdt_tree_sample_walk", (groups * cluster, 1, 1), threads,
+                        (*row, "token", "first_child", "next_sibling", *tree, draws, *OUTPUTS), cluster=cluster)
+    return LaunchPlan("tree-sample", "every slot: all reachable slots drawn at once, then the walk",
+                      (slots_launch, walk), workspace_bytes=groups * slots * 2 * 4,
+                      facts=facts + (("rows drawn at once", groups * slots),), knobs=knobs)

@@ -1,6 +1,6 @@
 // kernels/common/cluster.cuh -- thread-block clusters (sm_90+): the cluster-wide barrier halves, the address in
-// block `rank`'s shared memory of what `local` is in this block (distributed shared memory), stores there, and the
-// fence that publishes mbarrier inits to the cluster. Device-only, header-only.
+// block `rank`'s shared memory of what `local` is in this block (distributed shared memory), loads and stores there,
+// the whole-cluster barrier, and the fence that publishes mbarrier inits to the cluster. Device-only, header-only.
 //
 // Cluster shapes are a launch decision: sm_90 runs up to 16 blocks per cluster with the non-portable opt-in,
 // sm_120 at most 8 (the portable size).
@@ -28,6 +28,32 @@ __device__ __forceinline__ void store_to_block(const void* local, uint32_t rank,
 __device__ __forceinline__ void store_to_block(const void* local, uint32_t rank, uint2 value) {
     asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};\n" ::"r"(cluster_addr(local, rank)), "r"(value.x),
                  "r"(value.y) : "memory");
+}
+
+__device__ __forceinline__ uint32_t load_from_block(const uint32_t* local, uint32_t rank) {
+    uint32_t value;
+    asm volatile("ld.shared::cluster.u32 %0, [%1];\n" : "=r"(value) : "r"(cluster_addr(local, rank)) : "memory");
+    return value;
+}
+__device__ __forceinline__ float load_from_block(const float* local, uint32_t rank) {
+    float value;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(value) : "r"(cluster_addr(local, rank)) : "memory");
+    return value;
+}
+__device__ __forceinline__ unsigned long long load_from_block(const unsigned long long* local, uint32_t rank) {
+    unsigned long long value;
+    asm volatile("ld.shared::cluster.u64 %0, [%1];\n" : "=l"(value) : "r"(cluster_addr(local, rank)) : "memory");
+    return value;
+}
+__device__ __forceinline__ void store_to_block(const unsigned long long* local, uint32_t rank,
+                                               unsigned long long value) {
+    asm volatile("st.shared::cluster.u64 [%0], %1;\n" ::"r"(cluster_addr(local, rank)), "l"(value) : "memory");
+}
+
+// Every thread of every block of the cluster: what each wrote to shared memory before is visible to all after.
+__device__ __forceinline__ void cluster_sync() {
+    cluster_arrive_release();
+    cluster_wait_acquire();
 }
 
 // mbarrier.init of this block -> visible to the whole cluster (and to the async proxy with fence_proxy_async)

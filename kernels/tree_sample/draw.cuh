@@ -1,260 +1,534 @@
-// kernels/tree_sample/draw.cuh -- one draw of the contract's sample(g, i, p) by a whole block: the row read as
-// float32, z = row / temperature, the top-k set (radix select of the k-th key, then of the id among its ties), the
-// top-p set (a radix select that accumulates probability mass per digit bin, then the id cut among equal
-// probabilities), and the Gumbel-max over the kept tokens with Philox noise keyed by (seed, p, token). Every
-// filter is a prefix of the order (z descending, id ascending), so the kept set is one prefix and each filter is a
-// (key, id) cut. Float32 throughout: the results differ from the float64 reference only on knife's-edge draws,
-// which the contract's decision margins exclude. Used by kernels/tree_sample.cu; the plan and its faster successor:
-// plans/kernels/tree-sample.md.
+// kernels/tree_sample/draw.cuh -- one draw of the contract's sample(g, i, p) by a cluster of CLUSTER blocks, each
+// block a chunk of the row. temperature 0: the argmax. Otherwise z = x * (1 / temperature); top-k and top-p each
+// reduce to a threshold in the draw's order (the kept set is a prefix of z descending, id ascending), found by
+// histogram levels over the cluster (0.5-nat bins below the row max, then 8-bit digits of z's key, then of the id)
+// until the bin holding the cut has at most CAP tokens, which are gathered, sorted and cut exactly; then the
+// Gumbel-max over the kept tokens, noise only where z + 17.33 can still beat the best score (exact).
+//
+// Probability mass is fixed point: q = round(exp(z - z_max) * 2^31) per token, summed in 64-bit integers (two
+// 32-bit shared-memory adds with a carry: the only native shared atomics; float adds are compare-and-swap loops),
+// so every block of the cluster, and the final sorted cut, sum exactly the same integers in any order. The total
+// rounding is under vocab * 2^-32 of a total >= 1 (3.8e-5 at vocab 163840), inside the contract's 1e-4 decision
+// margin, like float32's z. Passes after the first read the chunk from L2. Design: plans/kernels/tree-sample.md.
 #pragma once
 
 #include <stdint.h>
 
 #include "common/bits.cuh"
+#include "common/cluster.cuh"
 #include "common/philox.cuh"
+#include "common/ptx.cuh"
+#include "tree_sample/row.cuh"
 
 namespace ts {
 
-constexpr int THREADS = 512;
-constexpr int WARPS = THREADS / 32;
-constexpr int BINS = 256;                     // 8-bit digits: four passes per 32-bit key
+constexpr int BINS = 256;            // bins of a histogram level (8-bit digits)
+constexpr int NATS_BINS = 64;        // the first level: 0.5-nat bins below the row max, the last one open-ended
+constexpr int COPIES = 4;            // histogram copies per block (four warps per copy): less same-address contention
+constexpr int CAP = 1024;            // the most tokens of a cut bin gathered and sorted
+constexpr int LEVELS = 9;            // nats, 4 digits of the key, 4 of ~id: the last leaves one token
+constexpr float MASS_ONE = 2147483648.f;  // the fixed-point mass of the row's largest z (2^31)
+constexpr float NEAR_NATS = 8.f;     // top-p's first try: the tokens within this of the row max (mass >= e^-8 each)
 
 struct Smem {
-    uint32_t count[BINS];
-    float mass[BINS];
-    unsigned long long best[WARPS];
-    float partial[WARPS];
-    uint32_t chosen;                          // the digit a select pass picked
-    uint32_t rank;                            // the rank left inside it
-    float before;                             // the mass of the tokens ahead of the picked digit
-    int token;                                // the draw
-    int next;                                 // the walk's next slot (-1: stop)
+    // read by the other blocks of the cluster; double-buffered by exchange round (round & 1)
+    uint32_t pub_count[2][BINS];
+    unsigned long long pub_mass[2][BINS];
+    unsigned long long pub_value[2];
+    float pub_sum[2];
+    unsigned long long verdict[2];        // written into every block by rank 0
+    uint32_t n_cand;                      // how many tokens this block gathered into cand
+    unsigned long long cand[CAP];         // this block's gathered tokens; rank 0's: the sorted list
+    // this block's own
+    uint32_t count[COPIES][BINS];
+    uint32_t mass_lo[COPIES][BINS], mass_hi[COPIES][BINS];
+    uint32_t total_count[BINS];
+    unsigned long long total_mass[BINS];
+    unsigned long long merged[CAP];
+    unsigned long long warp_value[WARPS];
+    float warp_sum[WARPS];
+    int cut_bin;                          // the scan's result: the bin holding the cut (-1: fewer than asked)
+    uint32_t cut_count, before_count;
+    unsigned long long before_mass, all_mass;
 };
 
-__device__ __forceinline__ float load_logit(const float* row, int t) { return row[t]; }
-__device__ __forceinline__ float load_logit(const uint16_t* row, int t) {
-    return kdt::bits_to_float(static_cast<uint32_t>(row[t]) << 16);
+// What one draw works on; identical in every block of the cluster.
+template <typename Tin>
+struct Draw {
+    const Tin* row;
+    int begin, end;                       // this block's chunk
+    float inv_temperature;
+    uint32_t rank;                        // this block in the cluster
+    uint32_t round;                       // exchange rounds so far (the buffer of the next is round & 1)
+    float z_max;
+};
+
+// The tokens a histogram level looks at: every token >= floor (the previous filter's threshold) in the first
+// level; then those of the cut bins so far (nats bin `nats`, then key digits, then id digits).
+struct Filter {
+    unsigned long long floor;
+    int nats;
+    uint32_t key_prefix, key_mask, id_prefix, id_mask;
+};
+
+__device__ __forceinline__ int nats_bin(float z, float z_max) {
+    const float d = (z_max - z) * 2.f;
+    return d < static_cast<float>(NATS_BINS - 1) ? static_cast<int>(d) : NATS_BINS - 1;  // NaN: the last bin
 }
 
-// The order of a draw: key(z) descending, id ascending; -0.0 and +0.0 are equal (the id decides).
-__device__ __forceinline__ uint32_t order_key(float z) { return kdt::ordered_key(z == 0.f ? 0.f : z); }
-
-// (key, id) packed so that a larger value comes first in the order: the block maximum is the first token.
-__device__ __forceinline__ unsigned long long packed(uint32_t key, int t) {
-    return (static_cast<unsigned long long>(key) << 32) | static_cast<uint32_t>(~t);
+__device__ __forceinline__ uint32_t fixed_mass(float z, float z_max) {
+    return __float2uint_rn(__expf(z - z_max) * MASS_ONE);
 }
 
-__device__ __forceinline__ unsigned long long block_max(unsigned long long v, Smem& s) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+// The priority index (0 first) of token (t, z) at `level` of `f`, or -1 when the level does not look at it.
+__device__ __forceinline__ int bin_of(const Filter& f, int level, int t, float z, float z_max) {
+    if (!(z > -__builtin_huge_valf())) return -1;  // -inf (never drawn) and NaN
+    const uint32_t key = order_key(z);
+    if (packed(key, t) < f.floor) return -1;
+    const int nats = nats_bin(z, z_max);
+    if (level == 0) return nats;
+    if (nats != f.nats || (key & f.key_mask) != f.key_prefix) return -1;
+    if (level <= 4) return BINS - 1 - static_cast<int>((key >> (8 * (4 - level))) & (BINS - 1));
+    const uint32_t id = ~static_cast<uint32_t>(t);
+    if ((id & f.id_mask) != f.id_prefix) return -1;
+    return BINS - 1 - static_cast<int>((id >> (8 * (8 - level))) & (BINS - 1));
+}
+
+// Whether token (t, z) is in the set `f` describes (the tokens still undecided after the level that made it).
+__device__ __forceinline__ bool in_cut(const Filter& f, int t, float z, float z_max) {
+    if (!(z > -__builtin_huge_valf())) return false;
+    const uint32_t key = order_key(z);
+    return packed(key, t) >= f.floor && nats_bin(z, z_max) == f.nats && (key & f.key_mask) == f.key_prefix &&
+           (~static_cast<uint32_t>(t) & f.id_mask) == f.id_prefix;
+}
+
+// The cluster-wide barrier, then the block's own: every block of the cluster meets at both, and racecheck, which
+// orders shared-memory accesses by block barriers, sees one.
+__device__ __forceinline__ void cluster_barrier() {
+    kdt::cluster_sync();
+    __syncthreads();
+}
+
+__device__ __forceinline__ unsigned long long warp_max(unsigned long long v) {
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) {
         const unsigned long long o = __shfl_xor_sync(0xffffffffu, v, d);
         v = o > v ? o : v;
     }
-    if (lane == 0) s.best[warp] = v;
-    __syncthreads();
-    unsigned long long best = s.best[0];
-#pragma unroll
-    for (int w = 1; w < WARPS; ++w) best = s.best[w] > best ? s.best[w] : best;
-    __syncthreads();
-    return best;
+    return v;
 }
 
-__device__ __forceinline__ float block_sum(float v, Smem& s) {
+// The largest v over the cluster, in every thread.
+template <typename Tin>
+__device__ unsigned long long cluster_max(unsigned long long v, Draw<Tin>& d, Smem& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int buffer = d.round++ & 1;
+    v = warp_max(v);
+    if (lane == 0) s.warp_value[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < WARPS ? s.warp_value[lane] : 0ull;
+        v = warp_max(v);
+        if (lane == 0) s.pub_value[buffer] = v;
+    }
+    cluster_barrier();
+    if (warp == 0) {
+        v = lane < CLUSTER ? kdt::load_from_block(&s.pub_value[buffer], lane) : 0ull;
+        v = warp_max(v);
+        if (lane == 0) s.warp_value[0] = v;
+    }
+    __syncthreads();
+    v = s.warp_value[0];
+    __syncthreads();
+    return v;
+}
+
+// 64-bit fixed-point mass added with native 32-bit shared atomics: the low word, then the high word and the carry.
+__device__ __forceinline__ void add_mass(uint32_t* lo, uint32_t* hi, unsigned long long q) {
+    const uint32_t low = static_cast<uint32_t>(q), high = static_cast<uint32_t>(q >> 32);
+    const uint32_t old = atomicAdd(lo, low);
+    const uint32_t carry = old + low < old ? 1u : 0u;
+    if (high + carry) atomicAdd(hi, high + carry);
+}
+
+// Adds (1, q) to bin `bin` of this warp's copy where `in`; a warp whose tokens share one bin (flat rows) adds once.
+template <bool BY_MASS>
+__device__ __forceinline__ void histogram_add(Smem& s, int bin, uint32_t q, bool in) {
+    const unsigned lanes = __ballot_sync(0xffffffffu, in);
+    if (lanes == 0u) return;
+    const int copy = (threadIdx.x >> 7) & (COPIES - 1);
+    const int first = __shfl_sync(0xffffffffu, bin, __ffs(lanes) - 1);
+    if (__all_sync(0xffffffffu, !in || bin == first)) {
+        unsigned long long sum = in && BY_MASS ? q : 0ull;
+        if (BY_MASS) {
+#pragma unroll
+            for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+        }
+        if ((threadIdx.x & 31) == 0) {
+            atomicAdd(&s.count[copy][first], static_cast<uint32_t>(__popc(lanes)));
+            if (BY_MASS) add_mass(&s.mass_lo[copy][first], &s.mass_hi[copy][first], sum);
+        }
+    } else if (in) {
+        atomicAdd(&s.count[copy][bin], 1u);
+        if (BY_MASS) add_mass(&s.mass_lo[copy][bin], &s.mass_hi[copy][bin], q);
+    }
+}
+
+// One histogram level over the cluster: the count (and, BY_MASS, the fixed-point mass) per bin of the tokens `f`
+// looks at, summed over the blocks (exact integers: every block holds the same totals), then the bin where the
+// running count reaches need_count, or the running mass reaches need_mass (at level 0: top_p, a fraction of the
+// level's whole mass): s.cut_bin, s.cut_count, s.before_count, s.before_mass, s.all_mass.
+template <bool BY_MASS, typename Tin>
+__device__ void histogram_level(const Filter& f, int level, uint32_t need_count, double need_mass, Draw<Tin>& d,
+                                Smem& s) {
+    const int bins = level == 0 ? NATS_BINS : BINS;
+    for (int i = threadIdx.x; i < COPIES * BINS; i += THREADS) {
+        (&s.count[0][0])[i] = 0u;
+        (&s.mass_lo[0][0])[i] = 0u;
+        (&s.mass_hi[0][0])[i] = 0u;
+    }
+    __syncthreads();
+    const float z_max = d.z_max, inv_t = d.inv_temperature;
+    for_each_logit(d.row, d.begin, d.end, [&](int t, float x, bool live) {
+        const float z = x * inv_t;
+        const int bin = live ? bin_of(f, level, t, z, z_max) : -1;
+        histogram_add<BY_MASS>(s, bin, BY_MASS && bin >= 0 ? fixed_mass(z, z_max) : 0u, bin >= 0);
+    });
+    __syncthreads();
+    const int buffer = d.round++ & 1;
+    for (int b = threadIdx.x; b < bins; b += THREADS) {
+        uint32_t c = 0;
+        unsigned long long m = 0;
+#pragma unroll
+        for (int k = 0; k < COPIES; ++k) {
+            c += s.count[k][b];
+            m += (static_cast<unsigned long long>(s.mass_hi[k][b]) << 32) | s.mass_lo[k][b];
+        }
+        s.pub_count[buffer][b] = c;
+        s.pub_mass[buffer][b] = m;
+    }
+    cluster_barrier();
+    for (int b = threadIdx.x; b < bins; b += THREADS) {
+        uint32_t c[CLUSTER];
+        unsigned long long m[CLUSTER];
+#pragma unroll
+        for (uint32_t r = 0; r < CLUSTER; ++r) {  // all loads first: one round trip of distributed shared memory
+            c[r] = kdt::load_from_block(&s.pub_count[buffer][b], r);
+            m[r] = BY_MASS ? kdt::load_from_block(&s.pub_mass[buffer][b], r) : 0ull;
+        }
+        uint32_t count = 0;
+        unsigned long long mass = 0;
+#pragma unroll
+        for (int r = 0; r < CLUSTER; ++r) {
+            count += c[r];
+            mass += m[r];
+        }
+        s.total_count[b] = count;
+        s.total_mass[b] = mass;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x, per = bins / 32;
+        uint32_t c = 0;
+        unsigned long long m = 0;
+        for (int k = 0; k < per; ++k) {
+            c += s.total_count[lane * per + k];
+            m += s.total_mass[lane * per + k];
+        }
+        const uint32_t c_incl = kdt::warp_inclusive_scan(c);
+        const unsigned long long m_incl = kdt::warp_inclusive_scan(m);
+        const unsigned long long all_mass = __shfl_sync(0xffffffffu, m_incl, 31);
+        const double need = level == 0 ? need_mass * static_cast<double>(all_mass) : need_mass;
+        const bool reached = BY_MASS ? static_cast<double>(m_incl) >= need && c > 0u : c_incl >= need_count;
+        const unsigned hits = __ballot_sync(0xffffffffu, reached);
+        const unsigned nonempty = __ballot_sync(0xffffffffu, c > 0u);
+        // the owner: the lane of the first bin where the running count or mass reaches the need; where the mass
+        // never does (the need is all of it), the lane of the last bin with tokens, which is then the cut
+        const int owner = hits ? __ffs(hits) - 1 : BY_MASS && nonempty ? 31 - __clz(nonempty) : -1;
+        if (lane == 0 && owner < 0) s.cut_bin = -1;
+        if (lane == owner) {
+            uint32_t before_c = c_incl - c;
+            unsigned long long before_m = m_incl - m;
+            int cut = -1;
+            uint32_t cut_before_c = 0;
+            unsigned long long cut_before_m = 0;
+            for (int b = lane * per; b < (lane + 1) * per; ++b) {
+                const uint32_t bc = s.total_count[b];
+                const unsigned long long bm = s.total_mass[b];
+                if (bc > 0u) {
+                    cut = b;
+                    cut_before_c = before_c;
+                    cut_before_m = before_m;
+                    if (hits && (BY_MASS ? static_cast<double>(before_m + bm) >= need : before_c + bc >= need_count))
+                        break;
+                }
+                before_c += bc;
+                before_m += bm;
+            }
+            s.cut_bin = cut;
+            s.cut_count = s.total_count[cut];
+            s.before_count = cut_before_c;
+            s.before_mass = cut_before_m;
+        }
+        if (lane == 0) s.all_mass = all_mass;
+    }
+    __syncthreads();
+}
+
+// Rank 0 sorts the tokens every block gathered (packed, descending) into its s.cand; returns how many, or CAP + 1
+// when the blocks counted more than CAP in all (then nothing is sorted).
+__device__ uint32_t gather_and_sort(Smem& s) {
+    __shared__ uint32_t offset[CLUSTER + 1];
+    if (threadIdx.x == 0) {
+        uint32_t total = 0;
+        for (uint32_t r = 0; r < CLUSTER; ++r) {
+            offset[r] = total;
+            const uint32_t n = kdt::load_from_block(&s.n_cand, r);
+            total += n < CAP + 1 ? n : CAP + 1;
+        }
+        offset[CLUSTER] = total;
+    }
+    __syncthreads();
+    const uint32_t n = offset[CLUSTER];
+    if (n > CAP) return CAP + 1;
+    for (uint32_t r = 0; r < CLUSTER; ++r)
+        for (uint32_t i = offset[r] + threadIdx.x; i < offset[r + 1]; i += THREADS)
+            s.merged[i] = kdt::load_from_block(&s.cand[i - offset[r]], r);
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < n; i += THREADS) {  // rank sort: the values are distinct (ids are)
+        const unsigned long long v = s.merged[i];
+        uint32_t ahead = 0;
+        for (uint32_t j = 0; j < n; ++j) ahead += s.merged[j] > v;
+        s.cand[ahead] = v;
+    }
+    __syncthreads();
+    return n;
+}
+
+// The tokens with in_set(t, z) from every block (at most CAP in all), sorted on rank 0, and the threshold there:
+// BY_MASS false, the need_count-th; BY_MASS, the first whose running fixed-point mass reaches need_mass (where it
+// never does, the need being all of their mass, the last). Every block gets the same value (0: none gathered).
+template <bool BY_MASS, typename Tin, class In>
+__device__ unsigned long long gather_cut(In in_set, uint32_t need_count, double need_mass, Draw<Tin>& d, Smem& s) {
+    if (threadIdx.x == 0) s.n_cand = 0u;
+    __syncthreads();
+    const float z_max = d.z_max, inv_t = d.inv_temperature;
+    for_each_logit(d.row, d.begin, d.end, [&](int t, float x, bool live) {
+        const float z = x * inv_t;
+        const bool in = live && in_set(t, z);
+        const unsigned lanes = __ballot_sync(0xffffffffu, in);
+        if (lanes == 0u) return;
+        uint32_t base = 0;
+        if ((threadIdx.x & 31) == 0) base = atomicAdd(&s.n_cand, static_cast<uint32_t>(__popc(lanes)));
+        base = __shfl_sync(0xffffffffu, base, 0);
+        const uint32_t slot = base + __popc(lanes & ((1u << (threadIdx.x & 31)) - 1u));
+        if (in && slot < CAP) s.cand[slot] = packed(order_key(z), t);
+    });
+    const int buffer = d.round++ & 1;
+    cluster_barrier();
+    if (d.rank == 0) {
+        const uint32_t gathered = gather_and_sort(s);
+        const uint32_t n = gathered <= CAP ? gathered : 0u;  // more than CAP: callers gather only when they fit
+        if (threadIdx.x < 32) {
+            uint32_t pick = n ? n - 1 : 0;
+            if (!BY_MASS) {
+                pick = need_count >= 1u && need_count <= n ? need_count - 1 : pick;
+            } else {
+                unsigned long long running = 0;
+                for (uint32_t first = 0; first < n; first += 32) {
+                    const uint32_t i = first + threadIdx.x;
+                    const unsigned long long q = i < n ? fixed_mass(kdt::ordered_float(key_of(s.cand[i])), z_max) : 0ull;
+                    const unsigned long long incl = running + kdt::warp_inclusive_scan(q);
+                    const unsigned hits = __ballot_sync(0xffffffffu, i < n && static_cast<double>(incl) >= need_mass);
+                    if (hits) {
+                        pick = first + __ffs(hits) - 1;
+                        break;
+                    }
+                    running = __shfl_sync(0xffffffffu, incl, 31);
+                }
+            }
+            const unsigned long long threshold = n ? s.cand[pick] : 0ull;
+            if (threadIdx.x < CLUSTER) kdt::store_to_block(&s.verdict[buffer], threadIdx.x, threshold);
+        }
+    }
+    cluster_barrier();
+    const unsigned long long threshold = s.verdict[buffer];
+    __syncthreads();
+    return threshold;
+}
+
+// The threshold of a filter (kept: packed >= it) among the tokens >= floor: the need_count-th token of the order
+// (top-k, BY_MASS false), or the first whose running mass reaches top_p of theirs (top-p). All blocks get it.
+template <bool BY_MASS, typename Tin>
+__device__ unsigned long long select_threshold(unsigned long long floor, uint32_t need_count, float top_p,
+                                               Draw<Tin>& d, Smem& s) {
+    Filter f{floor, 0, 0u, 0u, 0u, 0u};
+    double need_mass = top_p;
+    for (int level = 0; level < LEVELS; ++level) {
+        histogram_level<BY_MASS>(f, level, need_count, need_mass, d, s);
+        if (s.cut_bin < 0) return floor;  // fewer tokens than top_k: all kept
+        if (level == 0) need_mass *= static_cast<double>(s.all_mass);
+        need_count -= s.before_count;
+        need_mass -= static_cast<double>(s.before_mass);
+        const uint32_t digit = static_cast<uint32_t>(BINS - 1 - s.cut_bin);
+        if (level == 0) {
+            f.nats = s.cut_bin;
+        } else if (level <= 4) {
+            f.key_prefix |= digit << (8 * (4 - level));
+            f.key_mask |= (BINS - 1u) << (8 * (4 - level));
+        } else {
+            f.id_prefix |= digit << (8 * (8 - level));
+            f.id_mask |= (BINS - 1u) << (8 * (8 - level));
+        }
+        if (s.cut_count > CAP && level + 1 < LEVELS) continue;
+        // the cut bin's tokens, sorted, cut there
+        const float z_max = d.z_max;
+        const unsigned long long threshold = gather_cut<BY_MASS>(
+            [&](int t, float z) { return in_cut(f, t, z, z_max); }, need_count, need_mass, d, s);
+        return threshold > floor ? threshold : floor;
+    }
+    return floor;  // not reached: the last level leaves at most one token
+}
+
+// Philox words of quad `quad` at `position`: out of line, so that the passes carry a call, not ten rounds (the
+// noise is computed only for the tokens that can still win).
+__device__ __noinline__ uint4 noise_words(uint32_t quad, uint32_t pos_lo, uint32_t pos_hi, uint2 key) {
+    return kdt::philox4x32_10(make_uint4(quad, 0u, pos_lo, pos_hi), key);
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& words, int t) {
+    return (t & 3) == 0 ? words.x : (t & 3) == 1 ? words.y : (t & 3) == 2 ? words.z : words.w;
+}
+
+// Top-p's first try (top-k off): the tokens within NEAR_NATS of the row max, where a language model's top-p set
+// lies, gathered in the pass that sums the row's mass; rank 0 sorts them, cuts where their running mass reaches
+// top_p of the row's, and draws the Gumbel-max among the kept ones (no further pass). The token, or -1 where the
+// near tokens cannot decide (more than CAP of them, or their mass short of the need): the histogram levels then.
+template <typename Tin>
+__device__ int near_draw(float top_p, uint2 key, uint32_t pos_lo, uint32_t pos_hi, Draw<Tin>& d, Smem& s) {
+    if (threadIdx.x == 0) s.n_cand = 0u;
+    __syncthreads();
+    const float z_max = d.z_max, inv_t = d.inv_temperature, z_near = z_max - NEAR_NATS;
+    float row_sum = 0.f;
+    for_each_logit(d.row, d.begin, d.end, [&](int t, float x, bool live) {
+        const float z = x * inv_t;
+        if (live) row_sum += __expf(z - z_max);
+        const bool in = live && z >= z_near;
+        const unsigned lanes = __ballot_sync(0xffffffffu, in);
+        if (lanes == 0u) return;
+        uint32_t base = 0;
+        if ((threadIdx.x & 31) == 0) base = atomicAdd(&s.n_cand, static_cast<uint32_t>(__popc(lanes)));
+        base = __shfl_sync(0xffffffffu, base, 0);
+        const uint32_t slot = base + __popc(lanes & ((1u << (threadIdx.x & 31)) - 1u));
+        if (in && slot < CAP) s.cand[slot] = packed(order_key(z), t);
+    });
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-    for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
-    if (lane == 0) s.partial[warp] = v;
+    for (int o = 16; o > 0; o >>= 1) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, o);
+    if (lane == 0) s.warp_sum[warp] = row_sum;
     __syncthreads();
-    float sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) sum += s.partial[w];
+    const int buffer = d.round++ & 1;
+    if (threadIdx.x == 0) {
+        float block_sum = 0.f;
+        for (int w = 0; w < WARPS; ++w) block_sum += s.warp_sum[w];
+        s.pub_sum[buffer] = block_sum;
+    }
+    cluster_barrier();
+    if (d.rank == 0) {
+        const uint32_t n = gather_and_sort(s);
+        if (warp == 0) {
+            double total = 0.0;
+            for (uint32_t r = 0; r < CLUSTER; ++r) total += kdt::load_from_block(&s.pub_sum[buffer], r);
+            const double need = static_cast<double>(top_p) * total * MASS_ONE;
+            int pick = -1;
+            unsigned long long running = 0;
+            for (uint32_t first = 0; n <= CAP && first < n; first += 32) {
+                const uint32_t i = first + lane;
+                const unsigned long long q = i < n ? fixed_mass(kdt::ordered_float(key_of(s.cand[i])), z_max) : 0ull;
+                const unsigned long long incl = running + kdt::warp_inclusive_scan(q);
+                const unsigned hits = __ballot_sync(0xffffffffu, i < n && static_cast<double>(incl) >= need);
+                if (hits) {
+                    pick = static_cast<int>(first) + __ffs(hits) - 1;
+                    break;
+                }
+                running = __shfl_sync(0xffffffffu, incl, 31);
+            }
+            unsigned long long best = 0ull;  // the Gumbel-max over the kept, cand[0..pick]
+            for (int i = lane; i <= pick; i += 32) {
+                const int t = token_of(s.cand[i]);
+                const float z = kdt::ordered_float(key_of(s.cand[i]));
+                const float score = z + kdt::gumbel_of_word(word_of(noise_words(static_cast<uint32_t>(t) >> 2, pos_lo,
+                                                                                pos_hi, key), t));
+                const unsigned long long v = packed(order_key(score), t);
+                best = v > best ? v : best;
+            }
+            best = warp_max(best);
+            const unsigned long long verdict = pick >= 0 ? (1ull << 32) | static_cast<uint32_t>(token_of(best)) : 0ull;
+            if (lane < CLUSTER) kdt::store_to_block(&s.verdict[buffer], lane, verdict);
+        }
+    }
+    cluster_barrier();
+    const unsigned long long verdict = s.verdict[buffer];
     __syncthreads();
-    return sum;
+    return verdict ? static_cast<int>(static_cast<uint32_t>(verdict)) : -1;
 }
 
-// The rank-th (1-based) largest value of key(t) over the tokens t < n with keep(t), by four 8-bit radix passes over
-// the row; on return `rank` is the rank left among the tokens whose key equals the result.
-template <class Key, class Keep>
-__device__ uint32_t select_rank(int n, Key key, Keep keep, uint32_t& rank, Smem& s) {
-    uint32_t prefix = 0, mask = 0;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = threadIdx.x; b < BINS; b += THREADS) s.count[b] = 0;
-        __syncthreads();
-        for (int t = threadIdx.x; t < n; t += THREADS) {
-            if (!keep(t)) continue;
-            const uint32_t k = key(t);
-            if ((k & mask) == prefix) atomicAdd(&s.count[(k >> shift) & (BINS - 1)], 1u);
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            uint32_t left = rank;
-            int b = BINS - 1;
-            for (; b > 0; --b) {
-                if (s.count[b] >= left) break;
-                left -= s.count[b];
-            }
-            s.chosen = b;
-            s.rank = left;
-        }
-        __syncthreads();
-        prefix |= s.chosen << shift;
-        mask |= (BINS - 1u) << shift;
-        rank = s.rank;
-        __syncthreads();
-    }
-    return prefix;
-}
-
-// The key at which the cumulative mass(t), in descending key order over the tokens with keep(t), first reaches
-// `target`; `above` gets the mass of the tokens with a larger key, `ties` the number with this key. Where rounding
-// keeps the total under target, the last key with mass.
-template <class Key, class Keep, class Mass>
-__device__ uint32_t select_mass(int n, Key key, Keep keep, Mass mass_of, float target, float& above, uint32_t& ties,
-                                Smem& s) {
-    uint32_t prefix = 0, mask = 0;
-    above = 0.f;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = threadIdx.x; b < BINS; b += THREADS) {
-            s.count[b] = 0;
-            s.mass[b] = 0.f;
-        }
-        __syncthreads();
-        for (int t = threadIdx.x; t < n; t += THREADS) {
-            if (!keep(t)) continue;
-            const uint32_t k = key(t);
-            if ((k & mask) == prefix) {
-                const uint32_t bin = (k >> shift) & (BINS - 1);
-                atomicAdd(&s.count[bin], 1u);
-                atomicAdd(&s.mass[bin], mass_of(t));
-            }
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float cum = above, before = above;
-            int chosen = -1;
-            for (int b = BINS - 1; b >= 0; --b) {
-                if (s.mass[b] <= 0.f) continue;
-                chosen = b;
-                before = cum;
-                if (cum + s.mass[b] >= target) break;
-                cum += s.mass[b];
-            }
-            s.chosen = chosen < 0 ? 0u : static_cast<uint32_t>(chosen);
-            s.before = before;
-            s.rank = chosen < 0 ? 0u : s.count[chosen];
-        }
-        __syncthreads();
-        prefix |= s.chosen << shift;
-        mask |= (BINS - 1u) << shift;
-        above = s.before;
-        ties = s.rank;
-        __syncthreads();
-    }
-    return prefix;
-}
-
-// The draw: temperature 0 is the argmax (ties: smaller id); otherwise z = x / temperature, top-k, top-p, then the
-// Gumbel-max. `position` is the absolute position of the token drawn (the Philox counter's upper words).
+// The token drawn from the row (every thread of every block of the cluster gets it).
 template <typename Tin>
-__device__ int draw(const Tin* row, int vocab, float temperature, int top_k, float top_p, uint64_t seed,
-                    uint64_t position, Smem& s) {
-    if (temperature == 0.f) {
-        unsigned long long best = 0;
-        for (int t = threadIdx.x; t < vocab; t += THREADS) {
-            const unsigned long long v = packed(order_key(load_logit(row, t)), t);
-            best = v > best ? v : best;
-        }
-        return static_cast<int>(~static_cast<uint32_t>(block_max(best, s)));
-    }
-    const auto z_of = [&](int t) { return load_logit(row, t) / temperature; };
-    const auto key_of = [&](int t) { return order_key(z_of(t)); };
-    const auto every = [](int) { return true; };
+__device__ int draw(Draw<Tin>& d, float temperature, int top_k, float top_p, uint64_t seed, uint64_t position,
+                    int vocab, Smem& s) {
+    // the chunk into L2 while the first pass starts: the later passes read it from there
+    const uint32_t bytes = static_cast<uint32_t>(d.end - d.begin) * sizeof(Tin) & ~15u;
+    if (threadIdx.x == 0 && bytes && (reinterpret_cast<uintptr_t>(d.row + d.begin) & 15u) == 0)
+        kdt::bulk_prefetch_l2(d.row + d.begin, bytes);
+    const bool greedy = temperature == 0.f;
+    const float inv_t = d.inv_temperature;
+    unsigned long long first = 0ull;  // the first token of the order (the argmax), by max of packed values
+    for_each_logit(d.row, d.begin, d.end, [&](int t, float x, bool live) {
+        const float z = greedy ? x : x * inv_t;
+        const unsigned long long v = live ? packed(order_key(z), t) : 0ull;
+        first = v > first ? v : first;
+    });
+    first = cluster_max(first, d, s);
+    if (greedy) return token_of(first);
+    d.z_max = kdt::ordered_float(key_of(first));
 
-    // top-k: the k-th token of the order, as (key, id); kept: ahead of it or it
-    const bool k_on = top_k > 0 && top_k < vocab;
-    uint32_t k_key = 0;
-    int k_id = vocab;
-    if (k_on) {
-        uint32_t rank = static_cast<uint32_t>(top_k);
-        k_key = select_rank(vocab, key_of, every, rank, s);
-        const uint32_t key = k_key;
-        k_id = static_cast<int>(~select_rank(vocab, [](int t) { return ~static_cast<uint32_t>(t); },
-                                             [&](int t) { return key_of(t) == key; }, rank, s));
-    }
-    const auto kept_k = [&](int t) {
-        if (!k_on) return true;
-        const uint32_t k = key_of(t);
-        return k > k_key || (k == k_key && t <= k_id);
-    };
-
-    // top-p over the top-k set: the softmax against the row max, then the mass cut and its id among equal ones
-    const bool p_on = top_p < 1.f;
-    uint32_t p_key = 0;
-    int p_id = vocab;
-    if (p_on) {
-        unsigned long long first = 0;
-        for (int t = threadIdx.x; t < vocab; t += THREADS) {
-            const unsigned long long v = packed(key_of(t), t);
-            first = v > first ? v : first;
-        }
-        const float z_max = kdt::ordered_float(static_cast<uint32_t>(block_max(first, s) >> 32));
-        const auto mass_of = [&](int t) { return expf(z_of(t) - z_max); };
-        float total = 0.f;
-        for (int t = threadIdx.x; t < vocab; t += THREADS)
-            if (kept_k(t)) total += mass_of(t);
-        total = block_sum(total, s);
-        float above;
-        uint32_t ties;
-        p_key = select_mass(vocab, key_of, kept_k, mass_of, top_p * total, above, ties, s);
-        const float each = expf(kdt::ordered_float(p_key) - z_max);
-        const float need = (top_p * total - above) / each;
-        uint32_t rank = need <= 1.f ? 1u : static_cast<uint32_t>(ceilf(need));
-        rank = rank > ties ? ties : rank;
-        rank = rank < 1u ? 1u : rank;
-        const uint32_t key = p_key;
-        p_id = static_cast<int>(~select_rank(vocab, [](int t) { return ~static_cast<uint32_t>(t); },
-                                             [&](int t) { return key_of(t) == key && kept_k(t); }, rank, s));
-    }
-    const auto kept = [&](int t) {
-        if (!kept_k(t)) return false;
-        if (!p_on) return true;
-        const uint32_t k = key_of(t);
-        return k > p_key || (k == p_key && t <= p_id);
-    };
-
-    // Gumbel-max over the kept tokens, 4 tokens per Philox call; a token whose z plus the largest noise cannot
-    // beat this thread's best score gets no noise (exact: its score could not win either)
-    const uint2 philox_key = make_uint2(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+    const uint2 key = make_uint2(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
     const uint32_t pos_lo = static_cast<uint32_t>(position), pos_hi = static_cast<uint32_t>(position >> 32);
-    float best_score = -__builtin_huge_valf();
-    unsigned long long best = 0;
-    for (int quad = threadIdx.x; 4 * quad < vocab; quad += THREADS) {
-        bool any = false;
-        float z[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int t = 4 * quad + e;
-            const bool live = t < vocab && kept(t);
-            z[e] = live ? z_of(t) : -__builtin_huge_valf();
-            any |= live && z[e] + kdt::GUMBEL_MAX >= best_score;
+    unsigned long long threshold = 0ull;
+    const bool k_on = top_k > 0 && top_k < vocab;
+    if (k_on) threshold = select_threshold<false>(threshold, static_cast<uint32_t>(top_k), 1.f, d, s);
+    if (top_p < 1.f) {
+        if (!k_on) {
+            const int token = near_draw(top_p, key, pos_lo, pos_hi, d, s);
+            if (token >= 0) return token;
         }
-        if (!any) continue;
-        const uint4 words = kdt::philox4x32_10(make_uint4(static_cast<uint32_t>(quad), 0u, pos_lo, pos_hi), philox_key);
-        const uint32_t word[4] = {words.x, words.y, words.z, words.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int t = 4 * quad + e;
-            if (t >= vocab || z[e] == -__builtin_huge_valf()) continue;
-            const float score = z[e] + kdt::gumbel_of_word(word[e]);
-            const unsigned long long v = packed(order_key(score), t);
-            if (v > best) {
-                best = v;
-                best_score = score;
-            }
-        }
+        threshold = select_threshold<true>(threshold, 0u, top_p, d, s);
     }
-    return static_cast<int>(~static_cast<uint32_t>(block_max(best, s)));
+
+    // Gumbel-max over the kept tokens. The first token is always kept: its score bounds the winner's from below,
+    // so a token whose z + GUMBEL_MAX is under the best score so far cannot win and gets no noise.
+    const int first_token = token_of(first);
+    float best_score = d.z_max + kdt::gumbel_of_word(
+        word_of(noise_words(static_cast<uint32_t>(first_token) >> 2, pos_lo, pos_hi, key), first_token));
+    unsigned long long best = 0ull;
+    int cached_quad = -1;
+    uint4 words = make_uint4(0u, 0u, 0u, 0u);
+    for_each_logit(d.row, d.begin, d.end, [&](int t, float x, bool live) {
+        const float z = x * inv_t;
+        if (!live || !(z + kdt::GUMBEL_MAX >= best_score) || packed(order_key(z), t) < threshold) return;
+        if ((t >> 2) != cached_quad) {
+            cached_quad = t >> 2;
+            words = noise_words(static_cast<uint32_t>(cached_quad), pos_lo, pos_hi, key);
+        }
+        const float score = z + kdt::gumbel_of_word(word_of(words, t));
+        const unsigned long long v = packed(order_key(score), t);
+        if (v > best) {
+            best = v;
+            best_score = score > best_score ? score : best_score;
+        }
+    });
+    return token_of(cluster_max(best, d, s));
 }
 
 }  // namespace ts

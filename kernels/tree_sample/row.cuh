@@ -1,0 +1,76 @@
+// kernels/tree_sample/row.cuh -- a row of logits as the draw sees it: the block and cluster shape, the order of a
+// draw as one 64-bit value, and the loop that hands each logit of a block's chunk to a pass. Used by
+// tree_sample/draw.cuh; design: plans/kernels/tree-sample.md.
+#pragma once
+
+#include <stdint.h>
+
+#include "common/bits.cuh"
+
+namespace ts {
+
+constexpr int THREADS = 512;
+constexpr int WARPS = THREADS / 32;
+constexpr int CLUSTER = 8;           // blocks per row: sm_120's portable cluster size, on every arch
+constexpr int UNROLL = 4;            // 16-byte loads in flight per thread
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(uint16_t bits) { return kdt::bits_to_float(static_cast<uint32_t>(bits) << 16); }
+
+// The order of a draw, z descending then id ascending, as one value (larger comes first): the order key of z
+// (-0.0 taken as +0.0, so the id decides between them) above ~id.
+__device__ __forceinline__ uint32_t order_key(float z) { return kdt::ordered_key(z == 0.f ? 0.f : z); }
+__device__ __forceinline__ unsigned long long packed(uint32_t key, int t) {
+    return (static_cast<unsigned long long>(key) << 32) | static_cast<uint32_t>(~t);
+}
+__device__ __forceinline__ uint32_t key_of(unsigned long long p) { return static_cast<uint32_t>(p >> 32); }
+__device__ __forceinline__ int token_of(unsigned long long p) { return static_cast<int>(~static_cast<uint32_t>(p)); }
+
+// Element k of a 16-byte vector of logits (k at run time: selects, no local memory).
+__device__ __forceinline__ float element(const uint4& v, int k, const float*) {
+    return kdt::bits_to_float(k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w);
+}
+__device__ __forceinline__ float element(const uint4& v, int k, const uint16_t*) {
+    const int half = k >> 1;
+    const uint32_t word = half == 0 ? v.x : half == 1 ? v.y : half == 2 ? v.z : v.w;
+    return kdt::bits_to_float((k & 1) ? (word & 0xFFFF0000u) : (word << 16));
+}
+
+// pass(t, x, live) for every logit t in [begin, end) of `row`, x as float32. Trip counts are the same for every
+// thread of the block, so a pass may use warp-wide primitives: lanes past the end get live = false. 16-byte loads,
+// UNROLL of them in flight per thread, where row + begin is 16-byte aligned; the rest one logit at a time. The
+// loops over a batch are kept rolled (the batch shifts through w[0]) so that each pass is compiled twice, not
+// UNROLL x 8 times: the draw's passes then fit the instruction cache.
+template <typename Tin, class Pass>
+__device__ __forceinline__ void for_each_logit(const Tin* __restrict__ row, int begin, int end, Pass&& pass) {
+    constexpr int PER = 16 / static_cast<int>(sizeof(Tin));
+    int scalar_from = begin;
+    if (begin < end && (reinterpret_cast<uintptr_t>(row + begin) & 15u) == 0) {
+        const int vectors = (end - begin) / PER;
+        const uint4* vec = reinterpret_cast<const uint4*>(row + begin);
+        for (int first = 0; first < vectors; first += THREADS * UNROLL) {
+            uint4 w[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int i = first + u * THREADS + static_cast<int>(threadIdx.x);
+                w[u] = i < vectors ? __ldg(vec + i) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll 1
+            for (int u = 0; u < UNROLL; ++u) {
+                const uint4 v = w[0];
+#pragma unroll
+                for (int r = 0; r + 1 < UNROLL; ++r) w[r] = w[r + 1];
+                const int i = first + u * THREADS + static_cast<int>(threadIdx.x);
+#pragma unroll 1
+                for (int k = 0; k < PER; ++k) pass(begin + i * PER + k, element(v, k, row), i < vectors);
+            }
+        }
+        scalar_from = begin + vectors * PER;
+    }
+    for (int first = scalar_from; first < end; first += THREADS) {
+        const int t = first + static_cast<int>(threadIdx.x);
+        pass(t, t < end ? to_float(row[t]) : 0.f, t < end);
+    }
+}
+
+}  // namespace ts
