@@ -30,10 +30,10 @@ GPU_SKIP_REASON = _gpu_reason()
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if "gpu" in item.keywords and GPU_SKIP_REASON:
+    for item in items:  # by marker: item.keywords also holds test names and parameter ids (a "gpu" backend)
+        if item.get_closest_marker("gpu") and GPU_SKIP_REASON:
             item.add_marker(pytest.mark.skip(reason=GPU_SKIP_REASON))
-        if "nvcc" in item.keywords and shutil.which("nvcc") is None:
+        if item.get_closest_marker("nvcc") and shutil.which("nvcc") is None:
             from kdt.toolkit import find_nvcc
 
             if find_nvcc() is None:
