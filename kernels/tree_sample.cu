@@ -20,8 +20,9 @@
 //                          another: the path for many rows, which reads only the K + 1 rows a walk visits).
 //   Graph-capturable: every per-request value is read on the device; the plan depends on shapes only.
 //
-// Memory traffic: per draw, the row once from DRAM (the argmax pass); with top-k or top-p 2-3 more passes per
-//   filter from L2 (a histogram level, the gather of the cut bin's tokens), then the Gumbel pass (L2).
+// Memory traffic: per draw, the row once from DRAM (the argmax pass), then from L2: top-p alone one pass (the
+//   tokens near the max gathered while the row's mass is summed; rank 0 cuts and draws there when they decide);
+//   otherwise 2-3 passes per filter (a histogram level, the gather of the cut bin's tokens) and the Gumbel pass.
 // Limits (the launcher raises beyond): 1 <= vocab < 2^31; N <= ts::SLOTS_MAX for the every-slot path.
 
 #include <stdint.h>
