@@ -294,8 +294,8 @@ def tree_accept(token, first_child, next_sibling, n_nodes, max_depth: int, *, ta
     """
     inputs = {"token": token, "first_child": first_child, "next_sibling": next_sibling, "n_nodes": n_nodes,
               "target_predict": target_predict, "target_logits": target_logits}
-    return Acceptance(**run("tree-accept", inputs, {"max_depth": max_depth}, out=out, workspace=workspace, stream=stream, knobs=knobs))
-
+    return Acceptance(**run("tree-accept", inputs, {"max_depth": max_depth}, out=out, workspace=workspace,
+                            stream=stream, knobs=knobs))
 
 
 def tree_sample(token, first_child, next_sibling, n_nodes, max_depth: int, target_logits, temperature, top_k, top_p,
@@ -333,6 +333,7 @@ def tree_sample(token, first_child, next_sibling, n_nodes, max_depth: int, targe
               "seed": seed, "position": position}
     return Acceptance(**run("tree-sample", inputs, {"max_depth": max_depth}, out=out, workspace=workspace,
                             stream=stream, knobs=knobs))
+
 
 def verify_attn(q, kv_cache, block_table, prefix_len, kv_tree, mask, n_nodes, softmax_scale: float, *,
                 d_v: int = 512, out_dtype: str = "float32", out=None, workspace=None, stream=None,

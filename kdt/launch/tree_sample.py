@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kdt.launch.plan import NULL, ArraySpec, KernelLaunch, LaunchPlan, Target, Workspace, knob
+from kdt.launch.tree_accept import OUTPUTS
 
 PREFIX = "kdt_tree_sample_"
-OUTPUTS = ("accept_len", "accept_index", "accept_tokens")
 SAMPLING = ("temperature", "top_k", "top_p", "seed", "position")
 
 

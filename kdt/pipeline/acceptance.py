@@ -21,6 +21,7 @@ import numpy as np
 import kdt.refs.tree_accept as ref_tree_accept
 import kdt.refs.tree_sample as ref_tree_sample
 from kdt.pipeline.config import PipelineConfig
+from kdt.stages.tree_accept import OUTPUTS
 
 
 def is_greedy(config: PipelineConfig) -> bool:
@@ -107,7 +108,7 @@ def accept(config: PipelineConfig, tree: dict[str, np.ndarray], target_logits: n
     if is_greedy(config):
         return ref_tree_accept.tree_accept(*_walk(config, tree), target_logits=target_logits)
     out = _sampled_walk(config, tree, target_logits, position)
-    return {name: out[name] for name in ("accept_len", "accept_index", "accept_tokens")}
+    return {name: out[name] for name in OUTPUTS}
 
 
 def draw_margins(config: PipelineConfig, tree: dict[str, np.ndarray], target_logits: np.ndarray,

@@ -15,6 +15,7 @@ from kdt.refs.tree_build import tree_build
 
 TREE_INPUTS = ("token", "first_child", "next_sibling")
 TARGET_VOCAB = 50000
+OUTPUTS = ("accept_len", "accept_index", "accept_tokens")  # the contract's, tree-sample's too
 LOGITS_ELEMENTS = 1 << 22  # random logits cases stay small enough for the CPU reference
 
 
@@ -325,7 +326,7 @@ SPEC = StageSpec(
     position=3,
     params=("max_depth",),
     inputs=(*TREE_INPUTS, "n_nodes", "target_predict", "target_logits"),
-    outputs={"accept_len": Exact(), "accept_index": Exact(), "accept_tokens": Exact()},
+    outputs={name: Exact() for name in OUTPUTS},
     reference_module=reference,
     run_reference=run_reference,
     make_cases=make_cases,

@@ -18,7 +18,7 @@ from kdt.dtypes import to_bf16
 from kdt.refs.errors import BadInput
 from kdt.spec import Case, StageSpec
 from kdt.stages._util import require_layout, require_same
-from kdt.stages.tree_accept import TREE_INPUTS, check_tree_layout, drafted_tree, output_layout, permuted
+from kdt.stages.tree_accept import OUTPUTS, TREE_INPUTS, check_tree_layout, drafted_tree, output_layout, permuted
 from kdt.stages.tree_accept import make_cases as tree_accept_cases
 
 SAMPLING_INPUTS = ("temperature", "top_k", "top_p", "seed", "position")
@@ -243,7 +243,7 @@ def run_reference(inputs, params):
         g = int(undecided[0])
         raise BadInput(f"target_logits[{g}] / seed[{g}]", f"decisive draws (decision margin >= {reference.EPS})",
                        f"margin {out['min_margin'][g]:.3g}")
-    return {name: out[name] for name in ("accept_len", "accept_index", "accept_tokens")}
+    return {name: out[name] for name in OUTPUTS}
 
 
 def bench_shapes(quick: bool):
@@ -319,7 +319,7 @@ SPEC = StageSpec(
     position=5,
     params=("max_depth",),                     # and min_margin, recorded with each golden case
     inputs=(*TREE_INPUTS, "n_nodes", "target_logits", *SAMPLING_INPUTS),
-    outputs={"accept_len": Exact(), "accept_index": Exact(), "accept_tokens": Exact()},
+    outputs={name: Exact() for name in OUTPUTS},
     reference_module=reference,
     run_reference=run_reference,
     make_cases=make_cases,
