@@ -33,6 +33,12 @@ def stage_name(config: PipelineConfig) -> str:
     return "tree-accept" if is_greedy(config) else "tree-sample"
 
 
+def stage_label(config: PipelineConfig, stage: str) -> str:
+    """A step's stage as printed: the acceptance step (keyed "tree-accept" in timings and disagreements) by the
+    contract stage it ran."""
+    return stage_name(config) if stage == "tree-accept" else stage
+
+
 def baseline_name(config: PipelineConfig) -> str:
     """What the speculative output is checked against, in words."""
     return "the target's greedy decoding" if is_greedy(config) else "the target's plain sampling with the same seed"

@@ -89,8 +89,8 @@ def summary_tables(result: PipelineResult):
     accepting = acceptance.stage_name(config)  # the step's acceptance stage, by the contract stage it ran
     for name, timing in result.timings.items():
         kind = timing.kind + (" (eager)" if gpu and name in ("drafter", "append") else "")
-        label = accepting if name == "tree-accept" else name
-        row(label, kind, timing.median_ms, timing.reference_median_ms if gpu and name != "append" else None)
+        row(acceptance.stage_label(config, name), kind, timing.median_ms,
+            timing.reference_median_ms if gpu and name != "append" else None)
     row(f"kdt stages (topk + tree-build + {accepting})", "sum", result.stage_sum_ms(KDT_STAGES),
         result.stage_sum_ms(KDT_STAGES, reference=True) if gpu else None)
     if gpu:
@@ -113,7 +113,6 @@ def print_result(result: PipelineResult) -> None:
         console.print(f"[red]not lossless[/]: request {mismatch.request}, generated token {mismatch.position}: "
                       f"{baseline} gives {mismatch.expected}, the pipeline gave {mismatch.got} "
                       f"({mismatch.requests_affected} of {result.config.batch} requests differ)")
-    accepting = acceptance.stage_name(result.config)  # the step's "tree-accept" stage, by the contract stage it ran
     for stage, detail in result.disagreements.items():
-        label = accepting if stage == "tree-accept" else stage
+        label = acceptance.stage_label(result.config, stage)
         console.print(f"[red]{escape(label)} disagrees with the reference[/]: {escape(detail)}")
