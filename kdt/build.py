@@ -5,9 +5,10 @@ models (`synthetic-target`). The cache key covers the source, every header it in
 (recursively), the flags, the arch and nvcc's version, so an unchanged kernel is never compiled twice. Cubins, not
 PTX: PTX from a newer nvcc does not load on an older driver. Warnings are errors.
 
-Next to each cubin its report (JSON): the resources ptxas gave each entry function and the launch constants the
-source exports (`extern "C" __constant__ int kdt_*`), read from the cubin's symbol table on the CPU, so launch
-plans can be made and printed without a GPU.
+Next to each cubin its report (JSON): the resources ptxas gave each entry function, the byte size of each of its
+parameters and the launch constants the source exports (`extern "C" __constant__ int kdt_*`), the last two read
+from the cubin's ELF sections on the CPU, so launch plans can be made, printed and checked against the entry points
+they call without a GPU.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class FunctionResources:
     stack_bytes: int
     spill_store_bytes: int
     spill_load_bytes: int
+    parameters: tuple[int, ...]    # the byte size of each parameter, in order (from the cubin: kernel_parameters)
 
 
 @dataclass
@@ -111,8 +113,9 @@ _PROPS = re.compile(r"Function properties for (\w+)\s*\n\s*(\d+) bytes stack fra
 _USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 
 
-def parse_ptxas(log: str) -> list[FunctionResources]:
-    """Registers, shared memory, stack and spills per entry function from `-Xptxas -v` output."""
+def parse_ptxas(log: str, parameters: dict[str, tuple[int, ...]]) -> list[FunctionResources]:
+    """Registers, shared memory, stack and spills per entry function from `-Xptxas -v` output, with the function's
+    parameter sizes from `parameters` (kernel_parameters of the cubin; a function absent there takes none)."""
     stack = {m.group(1): (int(m.group(2)), int(m.group(3)), int(m.group(4))) for m in _PROPS.finditer(log)}
     out = []
     lines = log.splitlines()
@@ -129,7 +132,7 @@ def parse_ptxas(log: str) -> list[FunctionResources]:
                 shared = int(used.group(2) or 0)
                 break
         frame, spill_st, spill_ld = stack.get(name, (0, 0, 0))
-        out.append(FunctionResources(name, registers, shared, frame, spill_st, spill_ld))
+        out.append(FunctionResources(name, registers, shared, frame, spill_st, spill_ld, parameters.get(name, ())))
     return out
 
 
@@ -152,11 +155,55 @@ def exported_constants(cubin: Path) -> dict[str, int]:
     return constants
 
 
+EIFMT_NVAL, EIFMT_BVAL, EIFMT_HVAL, EIFMT_SVAL = 1, 2, 3, 4   # the formats of an .nv.info attribute's value
+EIATTR_KPARAM_INFO = 0x17
+
+
+def kernel_parameters(cubin: Path) -> dict[str, tuple[int, ...]]:
+    """Entry function -> the byte size of each of its parameters, in order, from the cubin's `.nv.info.<function>`
+    sections: what the driver copies from a launch's argument array, so a launch can be checked against it on the
+    CPU. ValueError for a section kdt cannot read."""
+    from elftools.elf.elffile import ELFFile
+
+    prefix = ".nv.info."
+    with open(cubin, "rb") as handle:
+        return {section.name[len(prefix):]: _parameter_sizes(section.data(), section.name)
+                for section in ELFFile(handle).iter_sections() if section.name.startswith(prefix)}
+
+
+def _parameter_sizes(info: bytes, section: str) -> tuple[int, ...]:
+    """The sizes in the EIATTR_KPARAM_INFO attributes of an `.nv.info.<function>` section, by ordinal. Each attribute
+    is a format byte, an attribute byte and its value: none (NVAL), 2 bytes (BVAL, HVAL), or a little-endian u16
+    size and that many bytes (SVAL). KPARAM_INFO's 12 are u32 index, u16 ordinal, u16 offset and u32 flags whose
+    bits 18..31 are the size."""
+    sizes, at = {}, 0
+    while at + 2 <= len(info) and info[at] != 0:
+        form, attribute = info[at], info[at + 1]
+        if form == EIFMT_NVAL:
+            at += 2
+        elif form in (EIFMT_BVAL, EIFMT_HVAL):
+            at += 4
+        elif form == EIFMT_SVAL:
+            size = int.from_bytes(info[at + 2:at + 4], "little")
+            if at + 4 + size > len(info):
+                raise ValueError(f"{section}: an attribute at byte {at} runs past the section's end")
+            value = info[at + 4:at + 4 + size]
+            if attribute == EIATTR_KPARAM_INFO:
+                sizes[int.from_bytes(value[4:6], "little")] = int.from_bytes(value[8:12], "little") >> 18
+            at += 4 + size
+        else:
+            raise ValueError(f"{section}: an attribute of unknown format {form:#x} at byte {at}")
+    if sorted(sizes) != list(range(len(sizes))):   # a gap: some parameter's record was not read
+        raise ValueError(f"{section}: parameter ordinals {sorted(sizes)} are not 0..{len(sizes) - 1}")
+    return tuple(sizes[ordinal] for ordinal in range(len(sizes)))
+
+
 def _read_report(path: Path) -> dict | None:
     """A cached build's report, or None where it is missing or from an older kdt (then the kernel is rebuilt)."""
     try:
         report = json.loads(path.read_text())
-        report["resources"] = [FunctionResources(**item) for item in report["resources"]]
+        report["resources"] = [FunctionResources(**{**item, "parameters": tuple(item["parameters"])})
+                               for item in report["resources"]]
         report["constants"] = dict(report["constants"])
         str(report["sha256"])
         return report
@@ -217,7 +264,10 @@ def build(kernel, arch: str, nvcc: toolkit.Nvcc | None = None, force: bool = Fal
         if done.returncode != 0:
             messages = [line for line in log.splitlines() if "ptxas info" not in line and "bytes stack frame" not in line]
             raise BuildError(name, arch, "\n".join(messages).strip())
-        resources = parse_ptxas(log)
+        try:
+            resources = parse_ptxas(log, kernel_parameters(Path(temporary)))
+        except ValueError as error:
+            raise BuildError(name, arch, f"its cubin's parameter records cannot be read: {error}") from None
         constants = exported_constants(Path(temporary))
         digest = _digest(Path(temporary))
         os.chmod(temporary, _shared_mode())

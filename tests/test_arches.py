@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from kdt import arches, build, envcheck, limits, ops, runtime, stages
-from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchPlan, Target
+import numpy as np
+
+from kdt.launch.plan import NULL, ArraySpec, KernelLaunch, LaunchPlan, Target, Workspace
 from kdt.refs.errors import BadInput
 
 
@@ -69,9 +71,12 @@ extern "C" __constant__ int kdt_verify_attn_dv = 512;
 extern "C" __constant__ int kdt_verify_attn_page = 64;
 extern "C" __constant__ int kdt_verify_attn_combine_threads = 256;
 extern "C" __constant__ int kdt_verify_attn_combine_rows = 2;
-extern "C" __global__ void kdt_verify_attn_fwd(float* out) { extern __shared__ float s[]; s[threadIdx.x] = 1.f;
-                                                             out[threadIdx.x] = s[255 - threadIdx.x]; }
-extern "C" __global__ void kdt_verify_attn_combine(float* out) { out[threadIdx.x] = 0.f; }
+extern "C" __global__ void kdt_verify_attn_fwd(const void*, const void*, const int*, const int*, const void*,
+                                               const unsigned*, const int*, int, int, int, int, int, float, int, int,
+                                               float* out, float*, float*, float*) {
+    extern __shared__ float s[]; s[threadIdx.x] = 1.f; out[threadIdx.x] = s[255 - threadIdx.x]; }
+extern "C" __global__ void kdt_verify_attn_combine(const float*, const float*, const int*, int, int, int, int, int,
+                                                   int, float* out, float*) { out[threadIdx.x] = 0.f; }
 """
 
 
@@ -95,8 +100,8 @@ def test_the_gate_fires_on_a_kernel_that_asks_for_too_much(tmp_path, root):
 
 def test_the_limits_each_launch_is_held_to():
     result = build.BuildResult("topk", "sm_120", Path("x"), True,
-                               [build.FunctionResources("f", 64, 1024, 0, 0, 0),
-                                build.FunctionResources("g", 300, 0, 0, 0, 0)], {})
+                               [build.FunctionResources("f", 64, 1024, 0, 0, 0, ()),
+                                build.FunctionResources("g", 300, 0, 0, 0, 0, ())], {})
     plan = LaunchPlan("topk", "cluster", (KernelLaunch("f", (32, 1, 1), 256, (), 101376, 16),
                                           KernelLaunch("h", (1, 1, 1), 2048, ())))
     found = {(v.function, v.limit): (v.allowed, v.asked) for v in limits.check(result, [("shape", plan)])}
@@ -106,6 +111,32 @@ def test_the_limits_each_launch_is_held_to():
                      ("h", "an entry point of the cubin"): (0, 1)}
     hopper_cubin = build.BuildResult("topk", "sm_90", Path("x"), True, result.resources[:1], {})
     assert limits.check(hopper_cubin, [("shape", dataclasses.replace(plan, launches=plan.launches[:1]))]) == []
+
+
+def test_a_launch_whose_arguments_are_not_the_parameters():
+    """An argument gained or lost between the launcher and the kernel (the driver would read past the argument array
+    and the process would die), or one of another size: a violation naming both layouts, once per layout; a plan the
+    cubin's constants cannot make, one too."""
+    result = build.BuildResult("tree-accept", "sm_90a", Path("x"), True,
+                               [build.FunctionResources("f", 32, 0, 0, 0, 0, (8, 4, 4, 8))], {})
+    fits = KernelLaunch("f", (1, 1, 1), 32, ("token", np.int32(1), np.float32(2), Workspace()))
+    one_fewer = dataclasses.replace(fits, args=fits.args[:3])
+    widened = dataclasses.replace(fits, args=("token", np.int32(1), NULL, "out"))
+    plan = lambda *launches: LaunchPlan("tree-accept", "p", launches)
+    plans = [("a", plan(fits, one_fewer)), ("b", plan(one_fewer)), ("c", plan(widened))]
+    found = [(v.function, v.limit, v.allowed, v.asked, v.where) for v in limits.check(result, plans)]
+    assert found == [("f", "parameters (bytes each): 8,4,4,8 in the cubin, 8,4,4 launched", 4, 3, "a"),
+                     ("f", "parameters (bytes each): 8,4,4,8 in the cubin, 8,4,8,8 launched", 4, 4, "c")]
+    assert limits.check(result, [("a", plan(fits))]) == []
+    unplanned = LaunchPlan("tree-accept", "no plan: the sm_90a cubin exports no constant 'x'", ())
+    assert [(v.function, v.limit) for v in limits.mismatches(result, [("d", unplanned)])] == [("-", unplanned.path)]
+
+
+def test_the_size_of_every_kind_of_launch_argument():
+    launch = KernelLaunch("f", (1, 1, 1), 32, ("out", Workspace(64), NULL, np.int32(1), np.float32(1), np.int8(1)))
+    assert launch.arg_sizes == (8, 8, 8, 4, 4, 1)
+    with pytest.raises(TypeError, match="int"):
+        dataclasses.replace(launch, args=(3,)).arg_sizes
 
 
 @pytest.fixture

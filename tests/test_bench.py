@@ -1,7 +1,11 @@
-"""kdt bench without a GPU: the sources an A/B comparison builds, the regression gate's matching, the roofline bound
-of every shape, and the named shape sets (--set)."""
+"""kdt bench without a GPU: the sources an A/B comparison builds and the builds it refuses, the regression gate's
+matching, the roofline bound of every shape, and the named shape sets (--set)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -156,3 +160,65 @@ def test_the_wide_sets_hold_issue_20s_grid():
     assert grid == {(g, v, b) for g in (1, 8, 64) for v in (64, 256, 1024) for b in {min(v, 1023), 1023}}
     assert [s.name for s in stages.get("tree-build").bench_set("wide", quick=True)] == ["G64_K3_V255_B255",
                                                                                           "G64_K7_V1024_B1023"]
+
+
+def _tree_accept_source(walk_params: str) -> str:
+    """A tree_accept.cu with the real constants and entry points that do nothing, the walk taking `walk_params`."""
+    return f"""extern "C" {{
+__constant__ int kdt_tree_accept_max_nodes = 1024;
+__constant__ int kdt_tree_accept_walk_warps = 1;
+__constant__ int kdt_tree_accept_argmax_threads = 256;
+__constant__ int kdt_tree_accept_argmax_min_blocks = 4;
+__constant__ int kdt_tree_accept_split_min_vectors = 64;
+}}
+extern "C" __global__ void tree_accept_from_predict({walk_params}) {{ accept_len[0] = 0; }}
+extern "C" __global__ void tree_accept_from_logits(const void*, int, int, int, const int*, const int*, const int*,
+                                                   int, int, int, void*, int* accept_len, int*, int*) {{
+    accept_len[0] = 0; }}
+"""
+
+
+TREE_WALK = "const int*, const int*, const int*, const int*, int, int, int max_depth, int* accept_len, int*, int*"
+
+
+@pytest.fixture
+def other_builds(tmp_path, monkeypatch):
+    """This tree's tree-accept (a stand-in that fits its launcher), the same again, one whose walk lost its max_depth
+    and one without a constant the launcher reads."""
+    monkeypatch.setenv("KDT_CACHE_DIR", str(tmp_path / "cache"))
+    trees = {}
+    for name, walk in (("ours", TREE_WALK), ("same", TREE_WALK), ("older", TREE_WALK.replace(" int max_depth,", ""))):
+        trees[name] = tmp_path / name / "kernels"
+        trees[name].mkdir(parents=True)
+        (trees[name] / "tree_accept.cu").write_text(_tree_accept_source(walk))
+    trees["unconstant"] = tmp_path / "unconstant"
+    trees["unconstant"].mkdir()
+    (trees["unconstant"] / "tree_accept.cu").write_text(_tree_accept_source(TREE_WALK).replace("walk_warps", "warps"))
+    return trees
+
+
+@pytest.mark.nvcc
+def test_against_a_build_these_launchers_cannot_drive_is_refused(other_builds, monkeypatch, root):
+    """An entry point with a parameter fewer would crash the process at its first launch: refused on the CPU first
+    (exit 3, naming the function and both layouts), before any GPU is needed; so is a build without a constant the
+    launcher reads; a build that fits is not."""
+    from kdt import build
+    from kdt.commands import bench as bench_command
+
+    monkeypatch.setattr(build, "KERNELS_DIR", other_builds["ours"])
+    spec = stages.get("tree-accept")
+    check = lambda theirs: bench_command._refuse_undrivable(spec, theirs, "REV", spec.bench_set("default"), {}, [{}],
+                                                            ["sm_90"], None)
+    check(other_builds["same"])
+    with pytest.raises(BadInput, match="tree_accept_from_predict: parameters .bytes each.: 8,8,8,8,4,4,8,8,8 in the "
+                                       "cubin, 8,8,8,8,4,4,4,8,8,8 launched"):
+        check(other_builds["older"])
+    with pytest.raises(BadInput, match="exports no constant 'kdt_tree_accept_walk_warps'"):
+        check(other_builds["unconstant"])
+
+    env = {**os.environ, "KDT_KERNELS_DIR": str(other_builds["ours"]), "COLUMNS": "200"}
+    done = subprocess.run([sys.executable, "-m", "kdt", "bench", "tree-accept", "--arch", "sm_90", "--against",
+                           str(other_builds["older"])], capture_output=True, text=True, cwd=root, env=env, timeout=600)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "tree_accept_from_predict" in done.stderr and "two separate kdt bench runs" in done.stderr
+    assert "Traceback" not in done.stderr

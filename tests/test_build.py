@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -17,8 +18,9 @@ ptxas info    : Used 40 registers, used 1 barriers, 2048 bytes smem, 400 bytes c
 
 
 def test_parse_ptxas():
-    (resources,) = build.parse_ptxas(PTXAS_LOG)
-    assert resources == build.FunctionResources("kdt_tree_build", 40, 2048, 8, 4, 4)
+    (resources,) = build.parse_ptxas(PTXAS_LOG, {"kdt_tree_build": (8, 4)})
+    assert resources == build.FunctionResources("kdt_tree_build", 40, 2048, 8, 4, 4, (8, 4))
+    assert build.parse_ptxas(PTXAS_LOG, {})[0].parameters == ()
 
 
 def test_cache_key_follows_source_headers_arch_and_nvcc(tmp_path, monkeypatch):
@@ -52,6 +54,7 @@ def test_every_kernel_compiles_without_warnings(kernel, arch):
     assert result.constants and all(name.startswith(prefix) for name in result.constants), result.constants
     again = build.build(kernel, arch)
     assert again.cached and again.cubin == result.cubin and again.constants == result.constants
+    assert again.resources == result.resources
 
 
 @pytest.mark.nvcc
@@ -76,6 +79,65 @@ def test_a_missing_or_old_build_report_is_a_cache_miss(tmp_path):
     assert build._read_report(tmp_path / "missing.json") is None
     (tmp_path / "old.json").write_text("[]")    # the report format of an older kdt
     assert build._read_report(tmp_path / "old.json") is None
+    resources = {"function": "k", "registers": 8, "shared_bytes": 0, "stack_bytes": 0, "spill_store_bytes": 0,
+                 "spill_load_bytes": 0}
+    report = {"resources": [resources], "constants": {}, "sha256": "0" * 64}
+    (tmp_path / "no-parameters.json").write_text(json.dumps(report))   # before parameters were recorded
+    assert build._read_report(tmp_path / "no-parameters.json") is None
+    report["resources"][0]["parameters"] = [8, 4]
+    (tmp_path / "now.json").write_text(json.dumps(report))
+    assert build._read_report(tmp_path / "now.json")["resources"][0].parameters == (8, 4)
+
+
+def _attribute(form: int, attribute: int, value: bytes = b"") -> bytes:
+    sized = len(value).to_bytes(2, "little") if form == build.EIFMT_SVAL else b""
+    return bytes([form, attribute]) + sized + value
+
+
+def _kparam(ordinal: int, size: int) -> bytes:
+    """An EIATTR_KPARAM_INFO record: index, ordinal, offset, then flags with the size in bits 18..31."""
+    value = (0).to_bytes(4, "little") + ordinal.to_bytes(2, "little") + (0).to_bytes(2, "little") + \
+        ((size << 18) | 0x1F000).to_bytes(4, "little")
+    return _attribute(build.EIFMT_SVAL, build.EIATTR_KPARAM_INFO, value)
+
+
+def test_parameter_sizes_from_an_nv_info_section():
+    """Records in any order (nvcc writes them last parameter first) among attributes of every format."""
+    info = (_attribute(build.EIFMT_SVAL, 0x37, b"\x82\0\0\0") + _kparam(2, 4)
+            + _attribute(build.EIFMT_HVAL, 0x1B, b"\xff\0") + _kparam(0, 8) + _attribute(build.EIFMT_NVAL, 0x05)
+            + _kparam(1, 16) + _attribute(build.EIFMT_BVAL, 0x10, b"\1\0"))
+    assert build._parameter_sizes(info, "s") == (8, 16, 4)
+    assert build._parameter_sizes(info + b"\0\0garbage", "s") == (8, 16, 4)   # a zero format byte ends it
+    assert build._parameter_sizes(b"", "s") == ()
+    with pytest.raises(ValueError, match="past the section's end"):
+        build._parameter_sizes(_kparam(0, 8)[:-1], "s")
+    with pytest.raises(ValueError, match="unknown format 0x9"):
+        build._parameter_sizes(bytes([9, 0x17]), "s")
+    with pytest.raises(ValueError, match="ordinals"):
+        build._parameter_sizes(_kparam(1, 8), "s")
+
+
+PARAMETERS_KERNEL = """struct Pair { double a, b; };
+extern "C" __global__ void params(const float* x, int n, double d, char c) { if (n == 0 && c) *(float*)x = (float)d; }
+extern "C" __global__ void by_value(Pair p, short s, float* y) { y[0] = static_cast<float>(p.a + s); }
+extern "C" __global__ void none() {}
+"""
+
+
+@pytest.mark.nvcc
+def test_the_parameters_of_each_function_are_read_from_the_cubin(tmp_path, monkeypatch):
+    """(const float*, int, double, char) is 8,4,8,1 bytes; a struct by value its size; no parameters, none. Recorded
+    in the report, so a cached build gives them back."""
+    monkeypatch.setenv("KDT_CACHE_DIR", str(tmp_path / "cache"))
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / "params.cu").write_text(PARAMETERS_KERNEL)
+    for arch in ("sm_90a", "sm_120"):
+        result = build.build("params", arch, kernels_dir=kernels)
+        assert {r.function: r.parameters for r in result.resources} == \
+            {"params": (8, 4, 8, 1), "by_value": (16, 2, 8), "none": ()}
+        again = build.build("params", arch, kernels_dir=kernels)
+        assert again.cached and again.resources == result.resources
 
 
 @pytest.mark.nvcc

@@ -156,7 +156,7 @@ def _fake_build(monkeypatch, violations=()):
     def fake(kernel, arch, **kw):
         functions = [LONG_FUNCTION, "kdt_topk_small_bf16_v8", "kdt_topk_general_f32"]
         return build.BuildResult(build.kernel_name(kernel), arch, Path("/cache/x.cubin"), True,
-                                 [build.FunctionResources(f, 40 + i, 16800, 0, 8 * (i == 1), 8 * (i == 1))
+                                 [build.FunctionResources(f, 40 + i, 16800, 0, 8 * (i == 1), 8 * (i == 1), (8, 4))
                                   for i, f in enumerate(functions)], {"kdt_topk_threads": 256})
 
     from kdt.commands import build as build_command

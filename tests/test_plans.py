@@ -53,6 +53,7 @@ def test_every_bench_shape_and_golden_case_has_a_plan_within_the_arch(kernel, ar
         assert plan.workspace_bytes >= 0, name
         for launch in plan.launches:
             assert launch.function in functions, f"{name}: {launch.function} is not in the {arch} cubin"
+            assert launch.arg_sizes == functions[launch.function].parameters, (name, launch.function)
             assert all(0 < n < 2**31 for n in launch.grid) and launch.grid[1] < 65536 and launch.grid[2] < 65536
             assert 0 < launch.block <= 1024
             assert launch.dynamic_smem + functions[launch.function].shared_bytes <= smem_limit, (name, launch)

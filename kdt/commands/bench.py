@@ -126,14 +126,17 @@ def _against(specs, against: str, shape_set: str, chosen_shapes: dict[str, list]
     import dataclasses
     import tempfile
 
-    from kdt import bench, build, paths, report, runtime
+    from kdt import bench, paths, report, runtime
 
-    runtime.cupy()
     runs = parse_arches(arch) if arch else [None]
     out = Report("bench", output)
     results = []
     with tempfile.TemporaryDirectory(prefix="kdt-against-") as scratch:
         theirs = bench.sources_of(against, paths.PACKAGE.parent, Path(scratch))
+        for spec in specs:
+            _refuse_undrivable(spec, theirs, against, chosen_shapes.get(spec.name, []), fixed[spec.name], points, runs,
+                               sms)
+        runtime.cupy()
         out.say(escape(f"these kernels ({paths.KERNELS}) against {against} ({theirs}); ratio = ours / theirs, "
                        f"median of {bench.COMPARE_ROUNDS} alternating rounds (p10-p90 of the rounds)"))
         for spec in specs:
@@ -141,10 +144,6 @@ def _against(specs, against: str, shape_set: str, chosen_shapes: dict[str, list]
                           ("shape", *(("arch",) if arch else ()), *(("knob",) if points != [{}] else ()), "path",
                            "mode", "ours us", "theirs us", "ratio", "p10-p90", "verdict"),
                           right=("ours us", "theirs us", "ratio", "p10-p90"))
-            for name in runs:   # both builds once, before any timing (a compile error is exit 2, named)
-                with runtime.selected(name, sms):
-                    build.build(spec, runtime.device_arch())
-                    build.build(spec, runtime.device_arch(), kernels_dir=theirs)
             for item in chosen_shapes.get(spec.name, []):
                 for name in runs:
                     for point in points:
@@ -169,6 +168,41 @@ def _against(specs, against: str, shape_set: str, chosen_shapes: dict[str, list]
     out.document(document)
     out.step_summary()
     return EXIT_CHECK_FAILED if slower else EXIT_OK
+
+
+def _refuse_undrivable(spec, theirs: Path, against: str, shapes: list, knobs: dict, points: list[dict],
+                       runs: list[Optional[str]], sms: Optional[int]) -> None:
+    """Both builds of `spec` for each arch (a compile error is exit 2, named), then, on the CPU before the GPU is
+    touched, BadInput (--against) where this tree's launcher cannot drive the other build: it would call a function
+    the build lacks or pass arguments whose sizes differ from the function's parameters (the driver would read past
+    the argument array and the process would die), or needs a constant the build does not export. Checked for the
+    plans of every shape and knob to be timed, made with the other build's constants for the multiprocessor count the
+    comparison plans for."""
+    from kdt import arches, build, limits, runtime
+    from kdt.launch.plan import Target
+
+    for name in runs:
+        with runtime.selected(name, sms):
+            target_arch = name or runtime.device_arch()   # with no --arch, the GPU's own
+            try:
+                multiprocessors = runtime.multiprocessors()
+            except runtime.GpuMissing:   # no GPU (the comparison stops later): a typical GPU of the arch
+                multiprocessors = arches.get(target_arch).multiprocessors
+        build.build(spec, target_arch)
+        other = build.build(spec, target_arch, kernels_dir=theirs)
+        target = Target.make(target_arch, multiprocessors, other.constants)
+        plans = [plan for point in points for plan in limits.shape_plans(spec, shapes, target, {**knobs, **point})]
+        found = limits.mismatches(other, plans)
+        if found:
+            raise BadInput("--against", "kernels whose entry points take the arguments this tree's launchers pass "
+                                        "(these launchers cannot drive that build: compare the two trees with two "
+                                        "separate kdt bench runs instead)",
+                           f"{against} ({target_arch}): " + "; ".join(map(_mismatch, found)))
+
+
+def _mismatch(v) -> str:
+    """A kdt.limits.mismatches Violation as --against's refusal names it."""
+    return f"{v.function + ': ' if v.function != '-' else ''}{v.limit} (shape {v.where})"
 
 
 def _sweep_points(specs, sweep: Optional[str]) -> list[dict]:

@@ -86,6 +86,12 @@ class KernelLaunch:
     def blocks(self) -> int:
         return self.grid[0] * self.grid[1] * self.grid[2]
 
+    @property
+    def arg_sizes(self) -> tuple[int, ...]:
+        """The byte size of each argument as launched: what the entry point's parameters must be (kdt.limits checks
+        them against the cubin's), or the driver reads past the argument array."""
+        return tuple(_arg_size(arg) for arg in self.args)
+
 
 @dataclass(frozen=True)
 class LaunchPlan:
@@ -114,6 +120,15 @@ class LaunchPlan:
                 "launches": [{"function": k.function, "grid": list(k.grid), "block": k.block, "cluster": k.cluster,
                               "dynamic_smem": k.dynamic_smem, "args": [_describe(arg) for arg in k.args]}
                              for k in self.launches]}
+
+
+def _arg_size(arg) -> int:
+    if isinstance(arg, (str, Workspace)):
+        return 8                  # a device pointer
+    if isinstance(arg, np.generic):
+        return arg.itemsize       # NULL (a np.uint64) and the scalars, passed as they are
+    raise TypeError(f"a launch argument of type {type(arg).__name__} ({arg!r}): expected an input or output name, "
+                    "a Workspace, NULL or a numpy scalar")
 
 
 def _describe(arg) -> str:
