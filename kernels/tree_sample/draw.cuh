@@ -400,6 +400,29 @@ __device__ __forceinline__ uint32_t word_of(const uint4& words, int t) {
     return (t & 3) == 0 ? words.x : (t & 3) == 1 ? words.y : (t & 3) == 2 ? words.z : words.w;
 }
 
+// The largest logit of this block's chunk: bf16 by packed maxima, four pairs per 16-byte vector (no per-logit
+// work). Float maxima ignore NaN (bad input; it then never wins a later comparison either).
+template <typename Tin>
+__device__ float chunk_max(const Draw<Tin>& d) {
+    float best = -__builtin_huge_valf();
+    uint32_t pairs = 0xFF80FF80u;  // two bf16 -inf
+    for_each_vector(
+        d.row, d.begin, d.end,
+        [&](int, const uint4& w, bool live) {
+            if (!live) return;
+            if constexpr (sizeof(Tin) == 2) {
+                pairs = kdt::bf16x2_max(pairs, kdt::bf16x2_max(kdt::bf16x2_max(w.x, w.y), kdt::bf16x2_max(w.z, w.w)));
+            } else {
+                best = fmaxf(best, fmaxf(fmaxf(__uint_as_float(w.x), __uint_as_float(w.y)),
+                                         fmaxf(__uint_as_float(w.z), __uint_as_float(w.w))));
+            }
+        },
+        [&](int, float x, bool live) {
+            if (live) best = fmaxf(best, x);
+        });
+    return fmaxf(best, fmaxf(kdt::bits_to_float(pairs << 16), kdt::bits_to_float(pairs & 0xFFFF0000u)));
+}
+
 // Top-p's first try (top-k off): the tokens within NEAR_NATS of the row max, where a language model's top-p set
 // lies, gathered in the pass that sums the row's mass; rank 0 sorts them, cuts where their running mass reaches
 // top_p of the row's, and draws the Gumbel-max among the kept ones (no further pass). The token, or -1 where the
@@ -409,11 +432,12 @@ __device__ int near_draw(float top_p, uint2 key, uint32_t pos_lo, uint32_t pos_h
     if (threadIdx.x == 0) s.n_cand = 0u;
     __syncthreads();
     const float z_max = d.z_max, inv_t = d.inv_temperature, z_near = z_max - NEAR_NATS;
+    // exp(z - z_max) as one FFMA and one ex2 per logit; whole vectors below x_near (under z_near with room for
+    // x * inv_t's rounding) hold no candidate and skip the gather
+    const float to_log2 = inv_t * 1.4426950408889634f, offset = z_max * 1.4426950408889634f;
+    const float x_near = z_near / inv_t - (fabsf(z_near / inv_t) * 1e-5f + 1e-30f);
     float row_sum = 0.f;
-    for_each_logit(d.row, d.begin, d.end, [&](int t, float x, bool live) {
-        const float z = x * inv_t;
-        if (live) row_sum += __expf(z - z_max);
-        const bool in = live && z >= z_near;
+    const auto gather = [&](int t, float z, bool in) {
         const unsigned lanes = __ballot_sync(0xffffffffu, in);
         if (lanes == 0u) return;
         uint32_t base = 0;
@@ -421,7 +445,33 @@ __device__ int near_draw(float top_p, uint2 key, uint32_t pos_lo, uint32_t pos_h
         base = __shfl_sync(0xffffffffu, base, 0);
         const uint32_t slot = base + __popc(lanes & ((1u << (threadIdx.x & 31)) - 1u));
         if (in && slot < CAP) s.cand[slot] = packed(order_key(z), t);
-    });
+    };
+    for_each_vector(
+        d.row, d.begin, d.end,
+        [&](int t0, const uint4& w, bool live) {
+            constexpr int PER = 16 / static_cast<int>(sizeof(Tin));
+            float vector_max = -__builtin_huge_valf();
+            if (live) {
+#pragma unroll
+                for (int k = 0; k < PER; ++k) {
+                    const float x = element(w, k, d.row);
+                    row_sum += kdt::ex2(fmaf(x, to_log2, -offset));
+                    vector_max = fmaxf(vector_max, x);
+                }
+            }
+            const bool near = live && vector_max >= x_near;
+            if (__ballot_sync(0xffffffffu, near) == 0u) return;
+#pragma unroll
+            for (int k = 0; k < PER; ++k) {
+                const float z = element(w, k, d.row) * inv_t;
+                gather(t0 + k, z, near && z >= z_near);
+            }
+        },
+        [&](int t, float x, bool live) {
+            const float z = x * inv_t;
+            if (live) row_sum += kdt::ex2(fmaf(x, to_log2, -offset));
+            gather(t, z, live && z >= z_near);
+        });
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, o);
@@ -483,22 +533,35 @@ __device__ int draw(Draw<Tin>& d, float temperature, int top_k, float top_p, uin
         kdt::bulk_prefetch_l2(d.row + d.begin, bytes);
     const bool greedy = temperature == 0.f;
     const float inv_t = d.inv_temperature;
-    unsigned long long first = 0ull;  // the first token of the order (the argmax), by max of packed values
-    for_each_logit(d.row, d.begin, d.end, [&](int t, float x, bool live) {
-        const float z = greedy ? x : x * inv_t;
-        const unsigned long long v = live ? packed(order_key(z), t) : 0ull;
-        first = v > first ? v : first;
-    });
-    first = cluster_max(first, d, s);
-    if (greedy) return token_of(first);
-    d.z_max = kdt::ordered_float(key_of(first));
-
+    const bool k_on = top_k > 0 && top_k < vocab, p_on = top_p < 1.f;
     const uint2 key = make_uint2(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
     const uint32_t pos_lo = static_cast<uint32_t>(position), pos_hi = static_cast<uint32_t>(position >> 32);
+    float best_score;  // a lower bound of the winner's score, for the Gumbel pass's skip
+    if (greedy || !(k_on || p_on)) {
+        // the first token of the order (the argmax), by max of packed (key, ~id) values: the greedy draw, and
+        // with temperature alone the tightest bound, that token's own score
+        unsigned long long first = 0ull;
+        for_each_logit(d.row, d.begin, d.end, [&](int t, float x, bool live) {
+            const unsigned long long v = live ? packed(order_key(greedy ? x : x * inv_t), t) : 0ull;
+            first = v > first ? v : first;
+        });
+        first = cluster_max(first, d, s);
+        if (greedy) return token_of(first);
+        d.z_max = kdt::ordered_float(key_of(first));
+        const int t = token_of(first);
+        best_score = d.z_max + kdt::gumbel_of_word(word_of(noise_words(static_cast<uint32_t>(t) >> 2, pos_lo, pos_hi,
+                                                                       key), t));
+    } else {
+        // with a filter only the max: z_max = (the row's largest logit) * (1 / T), as x * (1 / T) rounds
+        // monotonically; the first token's score is then bounded by z_max + GUMBEL_MIN
+        d.z_max = kdt::ordered_float(key_of(
+            cluster_max(static_cast<unsigned long long>(order_key(chunk_max(d) * inv_t)) << 32, d, s)));
+        best_score = d.z_max + kdt::GUMBEL_MIN;
+    }
+
     unsigned long long threshold = 0ull;
-    const bool k_on = top_k > 0 && top_k < vocab;
     if (k_on) threshold = select_threshold<false>(threshold, static_cast<uint32_t>(top_k), 1.f, d, s);
-    if (top_p < 1.f) {
+    if (p_on) {
         if (!k_on) {
             const int token = near_draw(top_p, key, pos_lo, pos_hi, d, s);
             if (token >= 0) return token;
@@ -506,11 +569,9 @@ __device__ int draw(Draw<Tin>& d, float temperature, int top_k, float top_p, uin
         threshold = select_threshold<true>(threshold, 0u, top_p, d, s);
     }
 
-    // Gumbel-max over the kept tokens. The first token is always kept: its score bounds the winner's from below,
-    // so a token whose z + GUMBEL_MAX is under the best score so far cannot win and gets no noise.
-    const int first_token = token_of(first);
-    float best_score = d.z_max + kdt::gumbel_of_word(
-        word_of(noise_words(static_cast<uint32_t>(first_token) >> 2, pos_lo, pos_hi, key), first_token));
+    // Gumbel-max over the kept tokens. The first token is always kept, so best_score bounds the winner's score
+    // from below, and so does the best score so far: a token whose z + GUMBEL_MAX is under it cannot win and gets
+    // no noise.
     unsigned long long best = 0ull;
     int cached_quad = -1;
     uint4 words = make_uint4(0u, 0u, 0u, 0u);
