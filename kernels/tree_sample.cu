@@ -13,11 +13,12 @@
 // Entry points (clusters of ts::CLUSTER = 8 blocks of ts::THREADS = 512; a draw is the whole cluster's, each
 // block a chunk of the row: tree_sample/draw.cuh)
 //   kdt_tree_sample_slots  grid = G * N clusters, one per (request, slot): the slot's depth (tree_sample/depth.cuh),
-//                          then its draw at position + depth into the workspace, (token, depth) int32 [G, N, 2];
-//                          unreachable slots get depth -1. Few rows (G * N small): every draw at once.
-//   kdt_tree_sample_walk   grid = G clusters: the walk; a slot whose workspace depth is the walk's takes the token
-//                          drawn there, any other is drawn on the spot (workspace null: every slot, one after
-//                          another: the path for many rows, which reads only the K + 1 rows a walk visits).
+//                          then its draw at position + depth into the workspace, (token, depth) int32 [G, N, 2]
+//                          (unreachable slots: depth -1); the last cluster of a request to finish (a counter per
+//                          request, uint32 [G] after the draws, left zero) walks on those draws. Few rows (G * N
+//                          small): every draw at once, one launch.
+//   kdt_tree_sample_walk   grid = G clusters: the walk, each slot it visits drawn on the spot, one after another:
+//                          the path for many rows, which reads only the K + 1 rows a walk visits.
 //   Graph-capturable: every per-request value is read on the device; the plan depends on shapes only.
 //
 // Memory traffic: per draw, the row once from DRAM (the argmax pass), then from L2: top-p alone one pass (the
@@ -62,7 +63,7 @@ __device__ int draw_row(const Tin* logits, int vocab, size_t row, const Request&
 template <typename Tin>
 __device__ void walk(const Tin* logits, int vocab, const int* __restrict__ token,
                      const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
-                     int max_depth, const Request& q, const int* __restrict__ drawn, int* __restrict__ accept_len,
+                     int max_depth, const Request& q, const int* drawn, int* __restrict__ accept_len,
                      int* __restrict__ accept_index, int* __restrict__ accept_tokens, Smem& s) {
     __shared__ int next;
     const size_t slots = static_cast<size_t>(q.g) * static_cast<size_t>(num_slots);
@@ -75,8 +76,9 @@ __device__ void walk(const Tin* logits, int vocab, const int* __restrict__ token
         }
     int cur = 0;
     for (int d = 0;; ++d) {
-        const bool predrawn = drawn != nullptr && drawn[2 * (slots + cur) + 1] == d;
-        const int x = predrawn ? drawn[2 * (slots + cur)]
+        // drawn is read through L2 (__ldcg): on the every-slot path other clusters of this launch wrote it
+        const bool predrawn = drawn != nullptr && __ldcg(drawn + 2 * (slots + cur) + 1) == d;
+        const int x = predrawn ? __ldcg(drawn + 2 * (slots + cur))
                                : draw_row(logits, vocab, slots + cur, q, q.position + static_cast<uint64_t>(d), s);
         if (threadIdx.x == 0) {
             int found = -1;
@@ -112,42 +114,56 @@ extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__
                          const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
                          int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
                          const float* __restrict__ top_p, const unsigned long long* __restrict__ seed,
-                         const long long* __restrict__ position, const int* __restrict__ drawn,
-                         int* __restrict__ accept_len, int* __restrict__ accept_index, int* __restrict__ accept_tokens) {
+                         const long long* __restrict__ position, int* __restrict__ accept_len, int* __restrict__ accept_index, int* __restrict__ accept_tokens) {
     __shared__ ts::Smem s;
     const ts::Request q = ts::request(static_cast<int>(blockIdx.x / ts::CLUSTER), temperature, top_k, top_p, seed,
                                       position);
     if (bf16)
         ts::walk(static_cast<const uint16_t*>(target_logits), vocab, token, first_child, next_sibling, num_slots,
-                 max_depth, q, drawn, accept_len, accept_index, accept_tokens, s);
+                 max_depth, q, nullptr, accept_len, accept_index, accept_tokens, s);
     else
         ts::walk(static_cast<const float*>(target_logits), vocab, token, first_child, next_sibling, num_slots,
-                 max_depth, q, drawn, accept_len, accept_index, accept_tokens, s);
+                 max_depth, q, nullptr, accept_len, accept_index, accept_tokens, s);
 }
 
 extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, 1)
-    kdt_tree_sample_slots(const void* __restrict__ target_logits, int bf16, int vocab,
+    kdt_tree_sample_slots(const void* __restrict__ target_logits, int bf16, int vocab, const int* __restrict__ token,
                           const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
                           int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
                           const float* __restrict__ top_p, const unsigned long long* __restrict__ seed,
-                          const long long* __restrict__ position, int* __restrict__ drawn) {
+                          const long long* __restrict__ position, int* drawn, unsigned int* finished,
+                          int* __restrict__ accept_len, int* __restrict__ accept_index, int* __restrict__ accept_tokens) {
     __shared__ ts::Smem s;
     __shared__ ts::DepthSmem tree;
+    __shared__ uint32_t walks;                                    // this cluster is its request's last: it walks
     const int row = static_cast<int>(blockIdx.x / ts::CLUSTER);   // g * N + slot
     const int g = row / num_slots, slot = row % num_slots;
     const ts::Request q = ts::request(g, temperature, top_k, top_p, seed, position);
     const size_t base = static_cast<size_t>(g) * static_cast<size_t>(num_slots);
     const int depth = ts::slot_depth(first_child + base, next_sibling + base, num_slots, slot, tree);
-    if (depth > max_depth) {  // the walk never draws here (every block of the cluster agrees: same depth)
-        if (q.rank == 0 && threadIdx.x == 0) drawn[2 * static_cast<size_t>(row) + 1] = -1;
-        return;
+    int x = -1;
+    if (depth <= max_depth) {  // else the walk never draws here (every block of the cluster agrees: same depth)
+        const uint64_t at = q.position + static_cast<uint64_t>(depth);
+        x = bf16 ? ts::draw_row(static_cast<const uint16_t*>(target_logits), vocab, row, q, at, s)
+                 : ts::draw_row(static_cast<const float*>(target_logits), vocab, row, q, at, s);
     }
-    const uint64_t at = q.position + static_cast<uint64_t>(depth);
-    const int x = bf16 ? ts::draw_row(static_cast<const uint16_t*>(target_logits), vocab, row, q, at, s)
-                       : ts::draw_row(static_cast<const float*>(target_logits), vocab, row, q, at, s);
     if (q.rank == 0 && threadIdx.x == 0) {
         drawn[2 * static_cast<size_t>(row)] = x;
-        drawn[2 * static_cast<size_t>(row) + 1] = depth;
+        drawn[2 * static_cast<size_t>(row) + 1] = depth <= max_depth ? depth : -1;
+        __threadfence();  // the draw before the count: the last cluster reads every draw of its request
+        const uint32_t last = atomicAdd(finished + g, 1u) == static_cast<uint32_t>(num_slots) - 1u;
+        if (last) finished[g] = 0u;  // the workspace's counters are left zero for the next launch
+        for (uint32_t r = 0; r < ts::CLUSTER; ++r) kdt::store_to_block(&walks, r, last);
     }
-    kdt::cluster_sync();  // no block leaves while another may still read its shared memory
+    kdt::cluster_sync();
+    __syncthreads();
+    if (walks) {  // the same in every block of the cluster
+        __threadfence();
+        if (bf16)
+            ts::walk(static_cast<const uint16_t*>(target_logits), vocab, token, first_child, next_sibling, num_slots,
+                     max_depth, q, drawn, accept_len, accept_index, accept_tokens, s);
+        else
+            ts::walk(static_cast<const float*>(target_logits), vocab, token, first_child, next_sibling, num_slots,
+                     max_depth, q, drawn, accept_len, accept_index, accept_tokens, s);
+    }
 }
