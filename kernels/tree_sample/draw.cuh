@@ -275,6 +275,31 @@ __device__ void histogram_level(const Filter& f, int level, uint32_t need_count,
     __syncthreads();
 }
 
+// Appends token (t, z) to this block's candidates where `in`: one shared atomic per warp. Every lane calls it.
+__device__ __forceinline__ void append_candidate(Smem& s, int t, float z, bool in) {
+    const unsigned lanes = __ballot_sync(0xffffffffu, in);
+    if (lanes == 0u) return;
+    uint32_t base = 0;
+    if ((threadIdx.x & 31) == 0) base = atomicAdd(&s.n_cand, static_cast<uint32_t>(__popc(lanes)));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    const uint32_t slot = base + __popc(lanes & ((1u << (threadIdx.x & 31)) - 1u));
+    if (in && slot < CAP) s.cand[slot] = packed(order_key(z), t);
+}
+
+// The first i of the sorted s.cand[0..n) where the running fixed-point mass reaches `need`, or -1: by warp 0.
+__device__ __forceinline__ int first_reaching(const Smem& s, uint32_t n, float z_max, double need) {
+    unsigned long long running = 0;
+    for (uint32_t first = 0; first < n; first += 32) {
+        const uint32_t i = first + (threadIdx.x & 31);
+        const unsigned long long q = i < n ? fixed_mass(kdt::ordered_float(key_of(s.cand[i])), z_max) : 0ull;
+        const unsigned long long incl = running + kdt::warp_inclusive_scan(q);
+        const unsigned hits = __ballot_sync(0xffffffffu, i < n && static_cast<double>(incl) >= need);
+        if (hits) return static_cast<int>(first) + __ffs(hits) - 1;
+        running = __shfl_sync(0xffffffffu, incl, 31);
+    }
+    return -1;
+}
+
 // Rank 0 sorts the tokens every block gathered (packed, descending) into its s.cand; returns how many, or CAP + 1
 // when the blocks counted more than CAP in all (then nothing is sorted).
 __device__ uint32_t gather_and_sort(Smem& s) {
@@ -316,13 +341,7 @@ __device__ unsigned long long gather_cut(In in_set, uint32_t need_count, double 
     for_each_logit(d.row, d.begin, d.end, [&](int t, float x, bool live) {
         const float z = x * inv_t;
         const bool in = live && in_set(t, z);
-        const unsigned lanes = __ballot_sync(0xffffffffu, in);
-        if (lanes == 0u) return;
-        uint32_t base = 0;
-        if ((threadIdx.x & 31) == 0) base = atomicAdd(&s.n_cand, static_cast<uint32_t>(__popc(lanes)));
-        base = __shfl_sync(0xffffffffu, base, 0);
-        const uint32_t slot = base + __popc(lanes & ((1u << (threadIdx.x & 31)) - 1u));
-        if (in && slot < CAP) s.cand[slot] = packed(order_key(z), t);
+        append_candidate(s, t, z, in);
     });
     const int buffer = d.round++ & 1;
     cluster_barrier();
@@ -334,18 +353,8 @@ __device__ unsigned long long gather_cut(In in_set, uint32_t need_count, double 
             if (!BY_MASS) {
                 pick = need_count >= 1u && need_count <= n ? need_count - 1 : pick;
             } else {
-                unsigned long long running = 0;
-                for (uint32_t first = 0; first < n; first += 32) {
-                    const uint32_t i = first + threadIdx.x;
-                    const unsigned long long q = i < n ? fixed_mass(kdt::ordered_float(key_of(s.cand[i])), z_max) : 0ull;
-                    const unsigned long long incl = running + kdt::warp_inclusive_scan(q);
-                    const unsigned hits = __ballot_sync(0xffffffffu, i < n && static_cast<double>(incl) >= need_mass);
-                    if (hits) {
-                        pick = first + __ffs(hits) - 1;
-                        break;
-                    }
-                    running = __shfl_sync(0xffffffffu, incl, 31);
-                }
+                const int reached = first_reaching(s, n, z_max, need_mass);
+                if (reached >= 0) pick = static_cast<uint32_t>(reached);
             }
             const unsigned long long threshold = n ? s.cand[pick] : 0ull;
             if (threadIdx.x < CLUSTER) kdt::store_to_block(&s.verdict[buffer], threadIdx.x, threshold);
@@ -437,15 +446,6 @@ __device__ int near_draw(float top_p, uint2 key, uint32_t pos_lo, uint32_t pos_h
     const float to_log2 = inv_t * 1.4426950408889634f, offset = z_max * 1.4426950408889634f;
     const float x_near = z_near / inv_t - (fabsf(z_near / inv_t) * 1e-5f + 1e-30f);
     float row_sum = 0.f;
-    const auto gather = [&](int t, float z, bool in) {
-        const unsigned lanes = __ballot_sync(0xffffffffu, in);
-        if (lanes == 0u) return;
-        uint32_t base = 0;
-        if ((threadIdx.x & 31) == 0) base = atomicAdd(&s.n_cand, static_cast<uint32_t>(__popc(lanes)));
-        base = __shfl_sync(0xffffffffu, base, 0);
-        const uint32_t slot = base + __popc(lanes & ((1u << (threadIdx.x & 31)) - 1u));
-        if (in && slot < CAP) s.cand[slot] = packed(order_key(z), t);
-    };
     for_each_vector(
         d.row, d.begin, d.end,
         [&](int t0, const uint4& w, bool live) {
@@ -464,13 +464,13 @@ __device__ int near_draw(float top_p, uint2 key, uint32_t pos_lo, uint32_t pos_h
 #pragma unroll
             for (int k = 0; k < PER; ++k) {
                 const float z = element(w, k, d.row) * inv_t;
-                gather(t0 + k, z, near && z >= z_near);
+                append_candidate(s, t0 + k, z, near && z >= z_near);
             }
         },
         [&](int t, float x, bool live) {
             const float z = x * inv_t;
             if (live) row_sum += kdt::ex2(fmaf(x, to_log2, -offset));
-            gather(t, z, live && z >= z_near);
+            append_candidate(s, t, z, live && z >= z_near);
         });
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
@@ -490,19 +490,7 @@ __device__ int near_draw(float top_p, uint2 key, uint32_t pos_lo, uint32_t pos_h
             double total = 0.0;
             for (uint32_t r = 0; r < CLUSTER; ++r) total += kdt::load_from_block(&s.pub_sum[buffer], r);
             const double need = static_cast<double>(top_p) * total * MASS_ONE;
-            int pick = -1;
-            unsigned long long running = 0;
-            for (uint32_t first = 0; n <= CAP && first < n; first += 32) {
-                const uint32_t i = first + lane;
-                const unsigned long long q = i < n ? fixed_mass(kdt::ordered_float(key_of(s.cand[i])), z_max) : 0ull;
-                const unsigned long long incl = running + kdt::warp_inclusive_scan(q);
-                const unsigned hits = __ballot_sync(0xffffffffu, i < n && static_cast<double>(incl) >= need);
-                if (hits) {
-                    pick = static_cast<int>(first) + __ffs(hits) - 1;
-                    break;
-                }
-                running = __shfl_sync(0xffffffffu, incl, 31);
-            }
+            const int pick = n <= CAP ? first_reaching(s, n, z_max, need) : -1;
             unsigned long long best = 0ull;  // the Gumbel-max over the kept, cand[0..pick]
             for (int i = lane; i <= pick; i += 32) {
                 const int t = token_of(s.cand[i]);
