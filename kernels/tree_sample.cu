@@ -13,16 +13,18 @@
 // Entry points (clusters of ts::CLUSTER = 8 blocks of ts::THREADS = 512; a draw is the whole cluster's, each
 // block a chunk of the row: tree_sample/draw.cuh)
 //   kdt_tree_sample_slots  grid = G * N clusters, one per (request, slot): the slot's depth (tree_sample/depth.cuh),
-//                          then its draw at position + depth into the workspace, (token, depth) int32 [G, N, 2];
-//                          unreachable slots get depth -1. Few rows (G * N small): every draw at once.
-//   kdt_tree_sample_walk   grid = G clusters: the walk; a slot whose workspace depth is the walk's takes the token
-//                          drawn there, any other is drawn on the spot (workspace null: every slot, one after
-//                          another: the path for many rows, which reads only the K + 1 rows a walk visits).
+//                          then its draw at position + depth into the workspace, (token, depth) int32 [G, N, 2]
+//                          (unreachable slots: depth -1); the last cluster of a request to finish (a counter per
+//                          request, uint32 [G] after the draws, left zero) walks on those draws. Few rows (G * N
+//                          small): every draw at once, one launch.
+//   kdt_tree_sample_walk   grid = G clusters: the walk, each slot it visits drawn on the spot, one after another:
+//                          the path for many rows, which reads only the K + 1 rows a walk visits.
 //   Graph-capturable: every per-request value is read on the device; the plan depends on shapes only.
 //
-// Memory traffic: per draw, the row once from DRAM (the argmax pass), then from L2: top-p alone one pass (the
-//   tokens near the max gathered while the row's mass is summed; rank 0 cuts and draws there when they decide);
-//   otherwise 2-3 passes per filter (a histogram level, the gather of the cut bin's tokens) and the Gumbel pass.
+// Memory traffic: per draw, the row once from DRAM (the first pass: the max; with top-p alone also the row's mass),
+//   then from L2: top-p alone one pass (the tokens near the max gathered; every block cuts and draws there when
+//   they decide); otherwise 2-3 passes per filter (a histogram level, the gather of the cut bin's tokens) and the
+//   Gumbel pass.
 // Limits (the launcher raises beyond): 1 <= vocab < 2^31; N <= ts::SLOTS_MAX for the every-slot path.
 
 #include <stdint.h>
@@ -51,21 +53,30 @@ __device__ __forceinline__ Request request(int g, const float* temperature, cons
 }
 
 template <typename Tin>
-__device__ int draw_row(const Tin* logits, int vocab, size_t row, const Request& q, uint64_t position, Smem& s) {
+__device__ Draw<Tin> chunk_of(const Tin* logits, int vocab, size_t row, const Request& q) {
     const int chunk = ((vocab + CLUSTER - 1) / CLUSTER + 7) & ~7;  // a multiple of 8: 16-byte aligned chunks
     const int begin = min(vocab, static_cast<int>(q.rank) * chunk), end = min(vocab, begin + chunk);
     const float inv_temperature = q.temperature > 0.f ? 1.f / q.temperature : 0.f;
-    Draw<Tin> d{logits + row * static_cast<size_t>(vocab), begin, end, inv_temperature, q.rank, 0u, 0.f};
-    return draw(d, q.temperature, q.top_k, q.top_p, q.seed, position, vocab, s);
+    return {logits + row * static_cast<size_t>(vocab), begin, end, inv_temperature, q.rank, 0u, 0.f};
 }
 
 template <typename Tin>
-__device__ void walk(const Tin* logits, int vocab, const int* __restrict__ token,
+__device__ int draw_row(const Tin* logits, int vocab, size_t row, const Request& q, uint64_t position, Smem& s) {
+    Draw<Tin> d = chunk_of(logits, vocab, row, q);
+    prefetch_chunk(d);
+    return draw(d, q.temperature, q.top_k, q.top_p, q.seed, position, vocab, s);
+}
+
+// The walk of request q.g over its slots' rows row0 .. row0 + num_slots - 1. token, first_child, next_sibling and
+// drawn are the request's own rows (global memory on the walk path, shared memory on the every-slot path); drawn
+// holds (token, depth) per slot, or is null: a slot whose drawn depth is the walk's takes that token, any other is
+// drawn on the spot by the whole cluster.
+template <typename Tin>
+__device__ void walk(const Tin* logits, int vocab, size_t row0, const int* __restrict__ token,
                      const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
                      int max_depth, const Request& q, const int* __restrict__ drawn, int* __restrict__ accept_len,
                      int* __restrict__ accept_index, int* __restrict__ accept_tokens, Smem& s) {
     __shared__ int next;
-    const size_t slots = static_cast<size_t>(q.g) * static_cast<size_t>(num_slots);
     const size_t out = static_cast<size_t>(q.g) * static_cast<size_t>(max_depth + 1);
     const bool writes = q.rank == 0;
     if (writes)
@@ -75,23 +86,23 @@ __device__ void walk(const Tin* logits, int vocab, const int* __restrict__ token
         }
     int cur = 0;
     for (int d = 0;; ++d) {
-        const bool predrawn = drawn != nullptr && drawn[2 * (slots + cur) + 1] == d;
-        const int x = predrawn ? drawn[2 * (slots + cur)]
-                               : draw_row(logits, vocab, slots + cur, q, q.position + static_cast<uint64_t>(d), s);
+        const bool predrawn = drawn != nullptr && drawn[2 * cur + 1] == d;
+        const int x = predrawn ? drawn[2 * cur]
+                               : draw_row(logits, vocab, row0 + cur, q, q.position + static_cast<uint64_t>(d), s);
         if (threadIdx.x == 0) {
             int found = -1;
             if (d < max_depth) {
-                int child = first_child[slots + cur];
+                int child = first_child[cur];
                 for (int steps = 0; child >= 0 && child < num_slots && steps < num_slots; ++steps) {
-                    if (token[slots + child] == x) {
+                    if (token[child] == x) {
                         found = child;
                         break;
                     }
-                    child = next_sibling[slots + child];
+                    child = next_sibling[child];
                 }
             }
             if (writes) {
-                accept_tokens[out + d] = found >= 0 ? token[slots + found] : x;
+                accept_tokens[out + d] = found >= 0 ? token[found] : x;
                 if (found >= 0) accept_index[out + d + 1] = found;
                 if (found < 0) accept_len[q.g] = d;
             }
@@ -105,6 +116,42 @@ __device__ void walk(const Tin* logits, int vocab, const int* __restrict__ token
     kdt::cluster_sync();  // no block leaves while another may still read its shared memory
 }
 
+// The every-slot path: this cluster's slot drawn at its depth into `drawn`; the request's last cluster to finish
+// walks on them.
+template <typename Tin>
+__device__ void every_slot(const Tin* logits, int vocab, const int* __restrict__ token,
+                           const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
+                           int max_depth, const Request& q, int* drawn, unsigned int* finished,
+                           int* __restrict__ accept_len, int* __restrict__ accept_index,
+                           int* __restrict__ accept_tokens, Smem& s, TreeSmem& tree) {
+    __shared__ uint32_t walks;  // this cluster is its request's last: it walks
+    const size_t row0 = static_cast<size_t>(q.g) * static_cast<size_t>(num_slots);
+    const int slot = static_cast<int>(blockIdx.x / CLUSTER) - q.g * num_slots;
+    Draw<Tin> d = chunk_of(logits, vocab, row0 + slot, q);
+    prefetch_chunk(d);  // in flight while the depths are found
+    const int depth = slot_depth(token + row0, first_child + row0, next_sibling + row0, num_slots, slot, tree);
+    int x = -1;
+    if (depth <= max_depth)  // else the walk never draws here (every block of the cluster agrees: same depth)
+        x = draw(d, q.temperature, q.top_k, q.top_p, q.seed, q.position + static_cast<uint64_t>(depth), vocab, s);
+    if (q.rank == 0 && threadIdx.x == 0) {
+        drawn[2 * (row0 + slot)] = x;
+        drawn[2 * (row0 + slot) + 1] = depth <= max_depth ? depth : -1;
+        __threadfence();  // the draw before the count: the last cluster reads every draw of its request
+        const uint32_t last = atomicAdd(finished + q.g, 1u) == static_cast<uint32_t>(num_slots) - 1u;
+        if (last) finished[q.g] = 0u;  // the workspace's counters are left zero for the next launch
+        for (uint32_t r = 0; r < CLUSTER; ++r) kdt::store_to_block(&walks, r, last);
+    }
+    kdt::cluster_sync();
+    __syncthreads();
+    if (!walks) return;  // the same in every block of the cluster
+    __threadfence();
+    // the request's draws next to its staged tree (through L2: other clusters of this launch wrote them)
+    for (int i = threadIdx.x; i < 2 * num_slots; i += THREADS) tree.drawn[i] = __ldcg(drawn + 2 * row0 + i);
+    __syncthreads();
+    walk(logits, vocab, row0, tree.token, tree.first_child, tree.next_sibling, num_slots, max_depth, q, tree.drawn,
+         accept_len, accept_index, accept_tokens, s);
+}
+
 }  // namespace ts
 
 extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, 1)
@@ -112,42 +159,36 @@ extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__
                          const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
                          int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
                          const float* __restrict__ top_p, const unsigned long long* __restrict__ seed,
-                         const long long* __restrict__ position, const int* __restrict__ drawn,
-                         int* __restrict__ accept_len, int* __restrict__ accept_index, int* __restrict__ accept_tokens) {
+                         const long long* __restrict__ position, int* __restrict__ accept_len,
+                         int* __restrict__ accept_index, int* __restrict__ accept_tokens) {
     __shared__ ts::Smem s;
     const ts::Request q = ts::request(static_cast<int>(blockIdx.x / ts::CLUSTER), temperature, top_k, top_p, seed,
                                       position);
+    const size_t row0 = static_cast<size_t>(q.g) * static_cast<size_t>(num_slots);
     if (bf16)
-        ts::walk(static_cast<const uint16_t*>(target_logits), vocab, token, first_child, next_sibling, num_slots,
-                 max_depth, q, drawn, accept_len, accept_index, accept_tokens, s);
+        ts::walk(static_cast<const uint16_t*>(target_logits), vocab, row0, token + row0, first_child + row0,
+                 next_sibling + row0, num_slots, max_depth, q, nullptr, accept_len, accept_index, accept_tokens, s);
     else
-        ts::walk(static_cast<const float*>(target_logits), vocab, token, first_child, next_sibling, num_slots,
-                 max_depth, q, drawn, accept_len, accept_index, accept_tokens, s);
+        ts::walk(static_cast<const float*>(target_logits), vocab, row0, token + row0, first_child + row0,
+                 next_sibling + row0, num_slots, max_depth, q, nullptr, accept_len, accept_index, accept_tokens, s);
 }
 
 extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, 1)
-    kdt_tree_sample_slots(const void* __restrict__ target_logits, int bf16, int vocab,
+    kdt_tree_sample_slots(const void* __restrict__ target_logits, int bf16, int vocab, const int* __restrict__ token,
                           const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
                           int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
                           const float* __restrict__ top_p, const unsigned long long* __restrict__ seed,
-                          const long long* __restrict__ position, int* __restrict__ drawn) {
+                          const long long* __restrict__ position, int* drawn, unsigned int* finished,
+                          int* __restrict__ accept_len, int* __restrict__ accept_index,
+                          int* __restrict__ accept_tokens) {
     __shared__ ts::Smem s;
-    __shared__ ts::DepthSmem tree;
-    const int row = static_cast<int>(blockIdx.x / ts::CLUSTER);   // g * N + slot
-    const int g = row / num_slots, slot = row % num_slots;
-    const ts::Request q = ts::request(g, temperature, top_k, top_p, seed, position);
-    const size_t base = static_cast<size_t>(g) * static_cast<size_t>(num_slots);
-    const int depth = ts::slot_depth(first_child + base, next_sibling + base, num_slots, slot, tree);
-    if (depth > max_depth) {  // the walk never draws here (every block of the cluster agrees: same depth)
-        if (q.rank == 0 && threadIdx.x == 0) drawn[2 * static_cast<size_t>(row) + 1] = -1;
-        return;
-    }
-    const uint64_t at = q.position + static_cast<uint64_t>(depth);
-    const int x = bf16 ? ts::draw_row(static_cast<const uint16_t*>(target_logits), vocab, row, q, at, s)
-                       : ts::draw_row(static_cast<const float*>(target_logits), vocab, row, q, at, s);
-    if (q.rank == 0 && threadIdx.x == 0) {
-        drawn[2 * static_cast<size_t>(row)] = x;
-        drawn[2 * static_cast<size_t>(row) + 1] = depth;
-    }
-    kdt::cluster_sync();  // no block leaves while another may still read its shared memory
+    __shared__ ts::TreeSmem tree;
+    const ts::Request q = ts::request(static_cast<int>(blockIdx.x / ts::CLUSTER) / num_slots, temperature, top_k,
+                                      top_p, seed, position);
+    if (bf16)
+        ts::every_slot(static_cast<const uint16_t*>(target_logits), vocab, token, first_child, next_sibling,
+                       num_slots, max_depth, q, drawn, finished, accept_len, accept_index, accept_tokens, s, tree);
+    else
+        ts::every_slot(static_cast<const float*>(target_logits), vocab, token, first_child, next_sibling, num_slots,
+                       max_depth, q, drawn, finished, accept_len, accept_index, accept_tokens, s, tree);
 }

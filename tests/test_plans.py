@@ -180,16 +180,19 @@ def test_tree_sample_draws_every_slot_at_once_only_for_few_rows(targets):
                       position=ArraySpec((groups,), "int64"))
         return ops.plan_for("tree-sample", inputs, {"max_depth": 15}, targets("tree-sample", arch, sms), knobs)
 
-    few = plan(1, 16)          # one request: every slot's draw at once (one draw of latency), then the walk
-    assert [k.function for k in few.launches] == ["kdt_tree_sample_slots", "kdt_tree_sample_walk"]
-    assert few.launches[0].grid[0] == 16 * 8 and few.launches[1].grid[0] == 8
-    assert all(k.cluster == 8 for k in few.launches) and few.workspace_bytes == 16 * 2 * 4
-    many = plan(64, 64)        # the walk alone: only the rows a walk visits are read
-    assert [k.function for k in many.launches] == ["kdt_tree_sample_walk"] and many.workspace_bytes == 0
-    assert len(plan(1, 16, every_slot_blocks_per_sm=0).launches) == 1
-    assert len(plan(1, 300).launches) == 1                        # N past the every-slot path's SLOTS_MAX
-    assert len(plan(4, 16, arch="sm_120", sms=70).launches) == 1  # 512 blocks > 4 per SM of a 70-SM GPU
-    assert len(plan(2, 16, arch="sm_120", sms=70).launches) == 2
+    def path(*args, **kwargs):
+        return [k.function for k in plan(*args, **kwargs).launches]
+
+    few = plan(1, 16)          # one request: every slot's draw at once (one draw of latency), the last one walks
+    assert path(1, 16) == ["kdt_tree_sample_slots"] and few.launches[0].grid[0] == 16 * 8
+    assert few.launches[0].cluster == 8 and few.workspace_bytes == 16 * 2 * 4 + 4
+    many = plan(64, 64)        # the walk: only the rows a walk visits are read
+    assert path(64, 64) == ["kdt_tree_sample_walk"] and many.launches[0].grid[0] == 64 * 8
+    assert many.workspace_bytes == 0
+    assert path(1, 16, every_slot_blocks_per_sm=0) == ["kdt_tree_sample_walk"]
+    assert path(1, 300) == ["kdt_tree_sample_walk"]                        # N past the every-slot path's SLOTS_MAX
+    assert path(4, 16, arch="sm_120", sms=70) == ["kdt_tree_sample_walk"]  # 512 blocks > 4 per SM of 70 SMs
+    assert path(2, 16, arch="sm_120", sms=70) == ["kdt_tree_sample_slots"]
 
 
 def test_knobs_parse_convert_and_name_the_bad_ones():

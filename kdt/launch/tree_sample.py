@@ -1,12 +1,13 @@
 """Launch plan for `kernels/tree_sample.cu` (stage `tree-sample`): every draw is one cluster's (8 blocks, each a
-chunk of the row). Two paths, chosen by shape:
+chunk of the row). Two paths, chosen by shape, one launch each:
 
   every slot  few rows (G * N clusters fit `every_slot_blocks_per_sm` blocks per multiprocessor, N <= the kernel's
               SLOTS_MAX): `kdt_tree_sample_slots` draws every reachable slot at once, at its depth's position, into
-              the workspace (token, depth) int32 [G, N, 2]; `kdt_tree_sample_walk` then walks on those draws. A
-              single request's latency is one draw, not one per accepted token.
-  walk        otherwise: `kdt_tree_sample_walk` alone, one cluster per request drawing each slot it visits, so only
-              the K + 1 rows a walk can visit are read (G = 64, N = 64: ~1/64 of the logits).
+              the workspace (token, depth) int32 [G, N, 2]; the last cluster of each request to finish (a counter
+              per request, uint32 [G], left zero) walks on those draws. A single request's latency is one draw,
+              not one per accepted token.
+  walk        otherwise: `kdt_tree_sample_walk`, one cluster per request drawing each slot it visits, so only the
+              K + 1 rows a walk can visit are read (G = 64, N = 64: ~1/64 of the logits).
 
 Every per-request value is read on the device and the plan depends on shapes only: graph-capturable.
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdt.launch.plan import NULL, ArraySpec, KernelLaunch, LaunchPlan, Target, Workspace, knob
+from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchPlan, Target, Workspace, knob
 from kdt.launch.tree_accept import OUTPUTS
 
 PREFIX = "kdt_tree_sample_"
@@ -48,14 +49,13 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     facts = (("blocks per draw", cluster),)
     if not every_slot(groups, slots, target, knobs):
         walk = KernelLaunch("kdt_tree_sample_walk", (groups * cluster, 1, 1), threads,
-                            (*row, "token", "first_child", "next_sibling", *tree, NULL, *OUTPUTS), cluster=cluster)
+                            (*row, "token", "first_child", "next_sibling", *tree, *OUTPUTS), cluster=cluster)
         return LaunchPlan("tree-sample", "walk: one cluster per request draws the slots it visits", (walk,),
                           facts=facts, knobs=knobs)
-    draws = Workspace(0)
-    slots_launch = KernelLaunch("kdt_tree_sample_slots", (groups * slots * cluster, 1, 1), threads,
-                                (*row, "first_child", "next_sibling", *tree, draws), cluster=cluster)
-    walk = KernelLaunch("kdt_tree_sample_walk", (groups * cluster, 1, 1), threads,
-                        (*row, "token", "first_child", "next_sibling", *tree, draws, *OUTPUTS), cluster=cluster)
-    return LaunchPlan("tree-sample", "every slot: all reachable slots drawn at once, then the walk",
-                      (slots_launch, walk), workspace_bytes=groups * slots * 2 * 4,
-                      facts=facts + (("rows drawn at once", groups * slots),), knobs=knobs)
+    draws = groups * slots * 2 * 4
+    launch = KernelLaunch("kdt_tree_sample_slots", (groups * slots * cluster, 1, 1), threads,
+                          (*row, "token", "first_child", "next_sibling", *tree, Workspace(0), Workspace(draws),
+                           *OUTPUTS), cluster=cluster)
+    return LaunchPlan("tree-sample", "every slot: all reachable slots drawn at once, the last walks", (launch,),
+                      workspace_bytes=draws + groups * 4, facts=facts + (("rows drawn at once", groups * slots),),
+                      knobs=knobs)

@@ -26,6 +26,8 @@ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
 // (m + 0.5 exact); else ln u = log1p(-(2^24 - 1 - m + 0.5) * 2^-24) (the argument exact). At most
 // -ln(-ln(1 - 2^-25)) = 17.33 (GUMBEL_MAX).
 constexpr float GUMBEL_MAX = 17.33f;
+// The least noise, -ln(-ln(2^-25)) = -2.8525, rounded down: any token's score is at least its z + GUMBEL_MIN.
+constexpr float GUMBEL_MIN = -2.86f;
 __device__ __forceinline__ float gumbel_of_word(uint32_t w) {
     const uint32_t m = w >> 8;
     const float ln_u = m < (1u << 23) ? logf(static_cast<float>(m) + 0.5f) - 16.635532333438686f

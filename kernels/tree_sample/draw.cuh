@@ -35,18 +35,21 @@ struct Smem {
     uint32_t pub_count[2][BINS];
     unsigned long long pub_mass[2][BINS];
     unsigned long long pub_value[2];
-    float pub_sum[2];
-    unsigned long long verdict[2];        // written into every block by rank 0
     uint32_t n_cand;                      // how many tokens this block gathered into cand
-    unsigned long long cand[CAP];         // this block's gathered tokens; rank 0's: the sorted list
+    unsigned long long cand[CAP];         // this block's gathered tokens
     // this block's own
-    uint32_t count[COPIES][BINS];
-    uint32_t mass_lo[COPIES][BINS], mass_hi[COPIES][BINS];
+    union {  // a level's histogram copies and a gather's sorted list are never live at once
+        struct {
+            uint32_t count[COPIES][BINS];
+            uint32_t mass_lo[COPIES][BINS], mass_hi[COPIES][BINS];
+        } bins;
+        unsigned long long sorted[CAP];   // every block's gathered tokens, descending
+    };
     uint32_t total_count[BINS];
     unsigned long long total_mass[BINS];
-    unsigned long long merged[CAP];
+    unsigned long long merged[CAP];       // every block's gathered tokens, as gathered
     unsigned long long warp_value[WARPS];
-    float warp_sum[WARPS];
+    unsigned long long decided;           // the block's result of a cut or a draw, for all its threads
     int cut_bin;                          // the scan's result: the bin holding the cut (-1: fewer than asked)
     uint32_t cut_count, before_count;
     unsigned long long before_mass, all_mass;
@@ -165,12 +168,12 @@ __device__ __forceinline__ void histogram_add(Smem& s, int bin, uint32_t q, bool
             for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
         }
         if ((threadIdx.x & 31) == 0) {
-            atomicAdd(&s.count[copy][first], static_cast<uint32_t>(__popc(lanes)));
-            if (BY_MASS) add_mass(&s.mass_lo[copy][first], &s.mass_hi[copy][first], sum);
+            atomicAdd(&s.bins.count[copy][first], static_cast<uint32_t>(__popc(lanes)));
+            if (BY_MASS) add_mass(&s.bins.mass_lo[copy][first], &s.bins.mass_hi[copy][first], sum);
         }
     } else if (in) {
-        atomicAdd(&s.count[copy][bin], 1u);
-        if (BY_MASS) add_mass(&s.mass_lo[copy][bin], &s.mass_hi[copy][bin], q);
+        atomicAdd(&s.bins.count[copy][bin], 1u);
+        if (BY_MASS) add_mass(&s.bins.mass_lo[copy][bin], &s.bins.mass_hi[copy][bin], q);
     }
 }
 
@@ -183,9 +186,9 @@ __device__ void histogram_level(const Filter& f, int level, uint32_t need_count,
                                 Smem& s) {
     const int bins = level == 0 ? NATS_BINS : BINS;
     for (int i = threadIdx.x; i < COPIES * BINS; i += THREADS) {
-        (&s.count[0][0])[i] = 0u;
-        (&s.mass_lo[0][0])[i] = 0u;
-        (&s.mass_hi[0][0])[i] = 0u;
+        (&s.bins.count[0][0])[i] = 0u;
+        (&s.bins.mass_lo[0][0])[i] = 0u;
+        (&s.bins.mass_hi[0][0])[i] = 0u;
     }
     __syncthreads();
     const float z_max = d.z_max, inv_t = d.inv_temperature;
@@ -201,8 +204,8 @@ __device__ void histogram_level(const Filter& f, int level, uint32_t need_count,
         unsigned long long m = 0;
 #pragma unroll
         for (int k = 0; k < COPIES; ++k) {
-            c += s.count[k][b];
-            m += (static_cast<unsigned long long>(s.mass_hi[k][b]) << 32) | s.mass_lo[k][b];
+            c += s.bins.count[k][b];
+            m += (static_cast<unsigned long long>(s.bins.mass_hi[k][b]) << 32) | s.bins.mass_lo[k][b];
         }
         s.pub_count[buffer][b] = c;
         s.pub_mass[buffer][b] = m;
@@ -275,37 +278,64 @@ __device__ void histogram_level(const Filter& f, int level, uint32_t need_count,
     __syncthreads();
 }
 
-// Rank 0 sorts the tokens every block gathered (packed, descending) into its s.cand; returns how many, or CAP + 1
-// when the blocks counted more than CAP in all (then nothing is sorted).
+// Appends token (t, z) to this block's candidates where `in`: one shared atomic per warp. Every lane calls it.
+__device__ __forceinline__ void append_candidate(Smem& s, int t, float z, bool in) {
+    const unsigned lanes = __ballot_sync(0xffffffffu, in);
+    if (lanes == 0u) return;
+    uint32_t base = 0;
+    if ((threadIdx.x & 31) == 0) base = atomicAdd(&s.n_cand, static_cast<uint32_t>(__popc(lanes)));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    const uint32_t slot = base + __popc(lanes & ((1u << (threadIdx.x & 31)) - 1u));
+    if (in && slot < CAP) s.cand[slot] = packed(order_key(z), t);
+}
+
+// The first i of s.sorted[0..n) where the running fixed-point mass reaches `need`, or -1: by one warp.
+__device__ __forceinline__ int first_reaching(const Smem& s, uint32_t n, float z_max, double need) {
+    unsigned long long running = 0;
+    for (uint32_t first = 0; first < n; first += 32) {
+        const uint32_t i = first + (threadIdx.x & 31);
+        const unsigned long long q = i < n ? fixed_mass(kdt::ordered_float(key_of(s.sorted[i])), z_max) : 0ull;
+        const unsigned long long incl = running + kdt::warp_inclusive_scan(q);
+        const unsigned hits = __ballot_sync(0xffffffffu, i < n && static_cast<double>(incl) >= need);
+        if (hits) return static_cast<int>(first) + __ffs(hits) - 1;
+        running = __shfl_sync(0xffffffffu, incl, 31);
+    }
+    return -1;
+}
+
+// The tokens every block gathered, sorted (packed, descending) into s.sorted; returns how many, or CAP + 1 when the
+// blocks counted more than CAP in all (then nothing is sorted). Every block runs it and gets the same list: each
+// decides for itself what rank 0 would otherwise send (no verdict round, no barrier after it). The next writes to
+// cand and n_cand come after another cluster barrier (the next exchange), so the reads here are safe.
 __device__ uint32_t gather_and_sort(Smem& s) {
     __shared__ uint32_t offset[CLUSTER + 1];
-    if (threadIdx.x == 0) {
-        uint32_t total = 0;
-        for (uint32_t r = 0; r < CLUSTER; ++r) {
-            offset[r] = total;
-            const uint32_t n = kdt::load_from_block(&s.n_cand, r);
-            total += n < CAP + 1 ? n : CAP + 1;
-        }
-        offset[CLUSTER] = total;
+    if (threadIdx.x < 32) {  // lane r asks rank r: one round trip of distributed shared memory, not CLUSTER
+        const uint32_t lane = threadIdx.x;
+        const uint32_t n = lane < CLUSTER ? min(kdt::load_from_block(&s.n_cand, lane), CAP + 1u) : 0u;
+        const uint32_t through = kdt::warp_inclusive_scan(n);
+        if (lane < CLUSTER) offset[lane] = through - n;
+        if (lane == CLUSTER - 1) offset[CLUSTER] = through;
     }
     __syncthreads();
     const uint32_t n = offset[CLUSTER];
     if (n > CAP) return CAP + 1;
-    for (uint32_t r = 0; r < CLUSTER; ++r)
-        for (uint32_t i = offset[r] + threadIdx.x; i < offset[r + 1]; i += THREADS)
-            s.merged[i] = kdt::load_from_block(&s.cand[i - offset[r]], r);
+    for (uint32_t i = threadIdx.x; i < n; i += THREADS) {  // each thread one token, whichever block holds it
+        uint32_t r = 0;
+        while (i >= offset[r + 1]) ++r;
+        s.merged[i] = kdt::load_from_block(&s.cand[i - offset[r]], r);
+    }
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < n; i += THREADS) {  // rank sort: the values are distinct (ids are)
         const unsigned long long v = s.merged[i];
         uint32_t ahead = 0;
         for (uint32_t j = 0; j < n; ++j) ahead += s.merged[j] > v;
-        s.cand[ahead] = v;
+        s.sorted[ahead] = v;
     }
     __syncthreads();
     return n;
 }
 
-// The tokens with in_set(t, z) from every block (at most CAP in all), sorted on rank 0, and the threshold there:
+// The tokens with in_set(t, z) from every block (at most CAP in all), sorted in every block, and the threshold:
 // BY_MASS false, the need_count-th; BY_MASS, the first whose running fixed-point mass reaches need_mass (where it
 // never does, the need being all of their mass, the last). Every block gets the same value (0: none gathered).
 template <bool BY_MASS, typename Tin, class In>
@@ -316,43 +346,23 @@ __device__ unsigned long long gather_cut(In in_set, uint32_t need_count, double 
     for_each_logit(d.row, d.begin, d.end, [&](int t, float x, bool live) {
         const float z = x * inv_t;
         const bool in = live && in_set(t, z);
-        const unsigned lanes = __ballot_sync(0xffffffffu, in);
-        if (lanes == 0u) return;
-        uint32_t base = 0;
-        if ((threadIdx.x & 31) == 0) base = atomicAdd(&s.n_cand, static_cast<uint32_t>(__popc(lanes)));
-        base = __shfl_sync(0xffffffffu, base, 0);
-        const uint32_t slot = base + __popc(lanes & ((1u << (threadIdx.x & 31)) - 1u));
-        if (in && slot < CAP) s.cand[slot] = packed(order_key(z), t);
+        append_candidate(s, t, z, in);
     });
-    const int buffer = d.round++ & 1;
     cluster_barrier();
-    if (d.rank == 0) {
-        const uint32_t gathered = gather_and_sort(s);
-        const uint32_t n = gathered <= CAP ? gathered : 0u;  // more than CAP: callers gather only when they fit
-        if (threadIdx.x < 32) {
-            uint32_t pick = n ? n - 1 : 0;
-            if (!BY_MASS) {
-                pick = need_count >= 1u && need_count <= n ? need_count - 1 : pick;
-            } else {
-                unsigned long long running = 0;
-                for (uint32_t first = 0; first < n; first += 32) {
-                    const uint32_t i = first + threadIdx.x;
-                    const unsigned long long q = i < n ? fixed_mass(kdt::ordered_float(key_of(s.cand[i])), z_max) : 0ull;
-                    const unsigned long long incl = running + kdt::warp_inclusive_scan(q);
-                    const unsigned hits = __ballot_sync(0xffffffffu, i < n && static_cast<double>(incl) >= need_mass);
-                    if (hits) {
-                        pick = first + __ffs(hits) - 1;
-                        break;
-                    }
-                    running = __shfl_sync(0xffffffffu, incl, 31);
-                }
-            }
-            const unsigned long long threshold = n ? s.cand[pick] : 0ull;
-            if (threadIdx.x < CLUSTER) kdt::store_to_block(&s.verdict[buffer], threadIdx.x, threshold);
+    const uint32_t gathered = gather_and_sort(s);
+    const uint32_t n = gathered <= CAP ? gathered : 0u;  // more than CAP: callers gather only when they fit
+    if (threadIdx.x < 32) {
+        uint32_t pick = n ? n - 1 : 0;
+        if (!BY_MASS) {
+            pick = need_count >= 1u && need_count <= n ? need_count - 1 : pick;
+        } else {
+            const int reached = first_reaching(s, n, z_max, need_mass);
+            if (reached >= 0) pick = static_cast<uint32_t>(reached);
         }
+        if (threadIdx.x == 0) s.decided = n ? s.sorted[pick] : 0ull;
     }
-    cluster_barrier();
-    const unsigned long long threshold = s.verdict[buffer];
+    __syncthreads();
+    const unsigned long long threshold = s.decided;
     __syncthreads();
     return threshold;
 }
@@ -400,117 +410,221 @@ __device__ __forceinline__ uint32_t word_of(const uint4& words, int t) {
     return (t & 3) == 0 ? words.x : (t & 3) == 1 ? words.y : (t & 3) == 2 ? words.z : words.w;
 }
 
-// Top-p's first try (top-k off): the tokens within NEAR_NATS of the row max, where a language model's top-p set
-// lies, gathered in the pass that sums the row's mass; rank 0 sorts them, cuts where their running mass reaches
-// top_p of the row's, and draws the Gumbel-max among the kept ones (no further pass). The token, or -1 where the
-// near tokens cannot decide (more than CAP of them, or their mass short of the need): the histogram levels then.
+// The largest logit of a 16-byte vector: bf16 by packed maxima (four pairs, no per-logit work). Float maxima ignore
+// NaN (bad input; it then never wins a later comparison either).
+__device__ __forceinline__ float vector_max(const uint4& w, const uint16_t*) {
+    const uint32_t pairs = kdt::bf16x2_max(kdt::bf16x2_max(w.x, w.y), kdt::bf16x2_max(w.z, w.w));
+    return fmaxf(kdt::bits_to_float(pairs << 16), kdt::bits_to_float(pairs & 0xFFFF0000u));
+}
+__device__ __forceinline__ float vector_max(const uint4& w, const float*) {
+    return fmaxf(fmaxf(__uint_as_float(w.x), __uint_as_float(w.y)), fmaxf(__uint_as_float(w.z), __uint_as_float(w.w)));
+}
+
+// The largest logit of this block's chunk.
 template <typename Tin>
-__device__ int near_draw(float top_p, uint2 key, uint32_t pos_lo, uint32_t pos_hi, Draw<Tin>& d, Smem& s) {
+__device__ float chunk_max(const Draw<Tin>& d) {
+    float best = -__builtin_huge_valf();
+    for_each_vector(
+        d.row, d.begin, d.end,
+        [&](int, const uint4& w, bool live) {
+            if (live) best = fmaxf(best, vector_max(w, d.row));
+        },
+        [&](int, float x, bool live) {
+            if (live) best = fmaxf(best, x);
+        });
+    return best;
+}
+
+// A running maximum m of logits and the mass below it, l = sum of 2^((x - m) * to_log2) (exp(z - z_max) with
+// to_log2 = log2(e) / T), and the union of two: m = -inf holds no mass.
+struct MaxSum {
+    float m, l;
+};
+__device__ __forceinline__ MaxSum merged_mass(MaxSum a, MaxSum b, float to_log2) {
+    const float m = fmaxf(a.m, b.m);
+    if (!(m > -__builtin_huge_valf())) return {m, 0.f};
+    const float la = a.m > -__builtin_huge_valf() ? a.l * kdt::ex2((a.m - m) * to_log2) : 0.f;
+    const float lb = b.m > -__builtin_huge_valf() ? b.l * kdt::ex2((b.m - m) * to_log2) : 0.f;
+    return {m, la + lb};  // commutative: both lanes of a butterfly get the same value
+}
+
+// The chunk's largest logit and its mass in one pass (top-p alone: the row is read once for both): a running
+// maximum per thread, the sum rescaled once per vector where it moves; -inf logits hold no mass.
+template <typename Tin>
+__device__ MaxSum chunk_max_sum(const Draw<Tin>& d, float to_log2) {
+    MaxSum t{-__builtin_huge_valf(), 0.f};
+    const auto raise = [&](float top) {
+        if (top > t.m) {
+            t.l *= kdt::ex2((t.m - top) * to_log2);  // t.m = -inf: 0, and l is still 0
+            t.m = top;
+        }
+    };
+    const auto add = [&](float x) {
+        if (x > -__builtin_huge_valf()) t.l += kdt::ex2((x - t.m) * to_log2);
+    };
+    for_each_vector(
+        d.row, d.begin, d.end,
+        [&](int, const uint4& w, bool live) {
+            if (!live) return;
+            raise(vector_max(w, d.row));
+            constexpr int PER = 16 / static_cast<int>(sizeof(Tin));
+#pragma unroll
+            for (int k = 0; k < PER; ++k) add(element(w, k, d.row));
+        },
+        [&](int, float x, bool live) {
+            if (!live) return;
+            raise(x);
+            add(x);
+        });
+    return t;
+}
+
+// The row's MaxSum over the cluster, the same in every thread of every block: each block's published, merged in
+// one fixed order.
+template <typename Tin>
+__device__ MaxSum cluster_max_sum(MaxSum v, float to_log2, Draw<Tin>& d, Smem& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int buffer = d.round++ & 1;
+    const auto warp_merged = [&](MaxSum x) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            x = merged_mass(x, {__shfl_xor_sync(0xffffffffu, x.m, o), __shfl_xor_sync(0xffffffffu, x.l, o)}, to_log2);
+        return x;
+    };
+    const auto pack = [](MaxSum x) {
+        return (static_cast<unsigned long long>(__float_as_uint(x.m)) << 32) | __float_as_uint(x.l);
+    };
+    const auto unpack = [](unsigned long long p) {
+        return MaxSum{__uint_as_float(static_cast<uint32_t>(p >> 32)), __uint_as_float(static_cast<uint32_t>(p))};
+    };
+    v = warp_merged(v);
+    if (lane == 0) s.warp_value[warp] = pack(v);
+    __syncthreads();
+    if (warp == 0) {
+        v = warp_merged(lane < WARPS ? unpack(s.warp_value[lane]) : MaxSum{-__builtin_huge_valf(), 0.f});
+        if (lane == 0) s.pub_value[buffer] = pack(v);
+    }
+    cluster_barrier();
+    if (warp == 0) {
+        v = warp_merged(lane < CLUSTER ? unpack(kdt::load_from_block(&s.pub_value[buffer], lane))
+                                       : MaxSum{-__builtin_huge_valf(), 0.f});
+        if (lane == 0) s.warp_value[0] = pack(v);
+    }
+    __syncthreads();
+    v = unpack(s.warp_value[0]);
+    __syncthreads();
+    return v;
+}
+
+// Top-p's first try (top-k off): the tokens within NEAR_NATS of the row max, where a language model's top-p set
+// lies, gathered in one pass (row_mass, the row's sum of exp(z - z_max), came with the max); every block sorts
+// them, cuts where their running mass reaches top_p of the row's and draws the Gumbel-max among the kept ones (no
+// further pass). The token, or -1 where the near tokens cannot decide (more than CAP of them, or their mass short
+// of the need): the histogram levels then.
+template <typename Tin>
+__device__ int near_draw(float top_p, float row_mass, uint2 key, uint32_t pos_lo, uint32_t pos_hi, Draw<Tin>& d,
+                         Smem& s) {
     if (threadIdx.x == 0) s.n_cand = 0u;
     __syncthreads();
     const float z_max = d.z_max, inv_t = d.inv_temperature, z_near = z_max - NEAR_NATS;
-    float row_sum = 0.f;
-    for_each_logit(d.row, d.begin, d.end, [&](int t, float x, bool live) {
-        const float z = x * inv_t;
-        if (live) row_sum += __expf(z - z_max);
-        const bool in = live && z >= z_near;
-        const unsigned lanes = __ballot_sync(0xffffffffu, in);
-        if (lanes == 0u) return;
-        uint32_t base = 0;
-        if ((threadIdx.x & 31) == 0) base = atomicAdd(&s.n_cand, static_cast<uint32_t>(__popc(lanes)));
-        base = __shfl_sync(0xffffffffu, base, 0);
-        const uint32_t slot = base + __popc(lanes & ((1u << (threadIdx.x & 31)) - 1u));
-        if (in && slot < CAP) s.cand[slot] = packed(order_key(z), t);
-    });
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // whole vectors below x_near (under z_near with room for x * inv_t's rounding) hold no candidate
+    const float x_near = z_near / inv_t - (fabsf(z_near / inv_t) * 1e-5f + 1e-30f);
+    for_each_vector(
+        d.row, d.begin, d.end,
+        [&](int t0, const uint4& w, bool live) {
+            const bool near = live && vector_max(w, d.row) >= x_near;
+            if (__ballot_sync(0xffffffffu, near) == 0u) return;
+            constexpr int PER = 16 / static_cast<int>(sizeof(Tin));
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, o);
-    if (lane == 0) s.warp_sum[warp] = row_sum;
-    __syncthreads();
-    const int buffer = d.round++ & 1;
-    if (threadIdx.x == 0) {
-        float block_sum = 0.f;
-        for (int w = 0; w < WARPS; ++w) block_sum += s.warp_sum[w];
-        s.pub_sum[buffer] = block_sum;
-    }
+            for (int k = 0; k < PER; ++k) {
+                const float z = element(w, k, d.row) * inv_t;
+                append_candidate(s, t0 + k, z, near && z >= z_near);
+            }
+        },
+        [&](int t, float x, bool live) {
+            const float z = x * inv_t;
+            append_candidate(s, t, z, live && z >= z_near);
+        });
     cluster_barrier();
-    if (d.rank == 0) {
-        const uint32_t n = gather_and_sort(s);
-        if (warp == 0) {
-            double total = 0.0;
-            for (uint32_t r = 0; r < CLUSTER; ++r) total += kdt::load_from_block(&s.pub_sum[buffer], r);
-            const double need = static_cast<double>(top_p) * total * MASS_ONE;
-            int pick = -1;
-            unsigned long long running = 0;
-            for (uint32_t first = 0; n <= CAP && first < n; first += 32) {
-                const uint32_t i = first + lane;
-                const unsigned long long q = i < n ? fixed_mass(kdt::ordered_float(key_of(s.cand[i])), z_max) : 0ull;
-                const unsigned long long incl = running + kdt::warp_inclusive_scan(q);
-                const unsigned hits = __ballot_sync(0xffffffffu, i < n && static_cast<double>(incl) >= need);
-                if (hits) {
-                    pick = static_cast<int>(first) + __ffs(hits) - 1;
-                    break;
-                }
-                running = __shfl_sync(0xffffffffu, incl, 31);
-            }
-            unsigned long long best = 0ull;  // the Gumbel-max over the kept, cand[0..pick]
-            for (int i = lane; i <= pick; i += 32) {
-                const int t = token_of(s.cand[i]);
-                const float z = kdt::ordered_float(key_of(s.cand[i]));
-                const float score = z + kdt::gumbel_of_word(word_of(noise_words(static_cast<uint32_t>(t) >> 2, pos_lo,
-                                                                                pos_hi, key), t));
-                const unsigned long long v = packed(order_key(score), t);
-                best = v > best ? v : best;
-            }
-            best = warp_max(best);
-            const unsigned long long verdict = pick >= 0 ? (1ull << 32) | static_cast<uint32_t>(token_of(best)) : 0ull;
-            if (lane < CLUSTER) kdt::store_to_block(&s.verdict[buffer], lane, verdict);
+    const uint32_t n = gather_and_sort(s);
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const double need = static_cast<double>(top_p) * static_cast<double>(row_mass) * MASS_ONE;
+        const int pick = n <= CAP ? first_reaching(s, n, z_max, need) : -1;
+        unsigned long long best = 0ull;  // the Gumbel-max over the kept, sorted[0..pick]
+        for (int i = lane; i <= pick; i += 32) {
+            const int t = token_of(s.sorted[i]);
+            const float z = kdt::ordered_float(key_of(s.sorted[i]));
+            const float score = z + kdt::gumbel_of_word(word_of(noise_words(static_cast<uint32_t>(t) >> 2, pos_lo,
+                                                                            pos_hi, key), t));
+            const unsigned long long v = packed(order_key(score), t);
+            best = v > best ? v : best;
         }
+        best = warp_max(best);
+        if (lane == 0) s.decided = pick >= 0 ? (1ull << 32) | static_cast<uint32_t>(token_of(best)) : 0ull;
     }
-    cluster_barrier();
-    const unsigned long long verdict = s.verdict[buffer];
     __syncthreads();
-    return verdict ? static_cast<int>(static_cast<uint32_t>(verdict)) : -1;
+    const unsigned long long decided = s.decided;
+    __syncthreads();
+    return decided ? static_cast<int>(static_cast<uint32_t>(decided)) : -1;
+}
+
+// The block's chunk into L2, by the bulk-copy engine (nothing to wait for), before the first pass: the later passes
+// read it from there.
+template <typename Tin>
+__device__ __forceinline__ void prefetch_chunk(const Draw<Tin>& d) {
+    const uint32_t bytes = static_cast<uint32_t>(d.end - d.begin) * sizeof(Tin) & ~15u;
+    if (threadIdx.x == 0 && bytes && (reinterpret_cast<uintptr_t>(d.row + d.begin) & 15u) == 0)
+        kdt::bulk_prefetch_l2(d.row + d.begin, bytes);
 }
 
 // The token drawn from the row (every thread of every block of the cluster gets it).
 template <typename Tin>
 __device__ int draw(Draw<Tin>& d, float temperature, int top_k, float top_p, uint64_t seed, uint64_t position,
                     int vocab, Smem& s) {
-    // the chunk into L2 while the first pass starts: the later passes read it from there
-    const uint32_t bytes = static_cast<uint32_t>(d.end - d.begin) * sizeof(Tin) & ~15u;
-    if (threadIdx.x == 0 && bytes && (reinterpret_cast<uintptr_t>(d.row + d.begin) & 15u) == 0)
-        kdt::bulk_prefetch_l2(d.row + d.begin, bytes);
     const bool greedy = temperature == 0.f;
     const float inv_t = d.inv_temperature;
-    unsigned long long first = 0ull;  // the first token of the order (the argmax), by max of packed values
-    for_each_logit(d.row, d.begin, d.end, [&](int t, float x, bool live) {
-        const float z = greedy ? x : x * inv_t;
-        const unsigned long long v = live ? packed(order_key(z), t) : 0ull;
-        first = v > first ? v : first;
-    });
-    first = cluster_max(first, d, s);
-    if (greedy) return token_of(first);
-    d.z_max = kdt::ordered_float(key_of(first));
-
+    const bool k_on = top_k > 0 && top_k < vocab, p_on = top_p < 1.f;
     const uint2 key = make_uint2(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
     const uint32_t pos_lo = static_cast<uint32_t>(position), pos_hi = static_cast<uint32_t>(position >> 32);
-    unsigned long long threshold = 0ull;
-    const bool k_on = top_k > 0 && top_k < vocab;
-    if (k_on) threshold = select_threshold<false>(threshold, static_cast<uint32_t>(top_k), 1.f, d, s);
-    if (top_p < 1.f) {
-        if (!k_on) {
-            const int token = near_draw(top_p, key, pos_lo, pos_hi, d, s);
-            if (token >= 0) return token;
-        }
-        threshold = select_threshold<true>(threshold, 0u, top_p, d, s);
+    float best_score;  // a lower bound of the winner's score, for the Gumbel pass's skip
+    if (greedy || !(k_on || p_on)) {
+        // the first token of the order (the argmax), by max of packed (key, ~id) values: the greedy draw, and
+        // with temperature alone the tightest bound, that token's own score
+        unsigned long long first = 0ull;
+        for_each_logit(d.row, d.begin, d.end, [&](int t, float x, bool live) {
+            const unsigned long long v = live ? packed(order_key(greedy ? x : x * inv_t), t) : 0ull;
+            first = v > first ? v : first;
+        });
+        first = cluster_max(first, d, s);
+        if (greedy) return token_of(first);
+        d.z_max = kdt::ordered_float(key_of(first));
+        const int t = token_of(first);
+        best_score = d.z_max + kdt::gumbel_of_word(word_of(noise_words(static_cast<uint32_t>(t) >> 2, pos_lo, pos_hi,
+                                                                       key), t));
+    } else if (k_on) {
+        // with a filter only the max: z_max = (the row's largest logit) * (1 / T), as x * (1 / T) rounds
+        // monotonically; the first token's score is then bounded by z_max + GUMBEL_MIN
+        d.z_max = kdt::ordered_float(key_of(
+            cluster_max(static_cast<unsigned long long>(order_key(chunk_max(d) * inv_t)) << 32, d, s)));
+        best_score = d.z_max + kdt::GUMBEL_MIN;
+    } else {
+        // top-p alone: the max and the row's mass in one pass, then the near tokens
+        const float to_log2 = inv_t * 1.4426950408889634f;
+        const MaxSum row = cluster_max_sum(chunk_max_sum(d, to_log2), to_log2, d, s);
+        d.z_max = kdt::ordered_float(order_key(row.m * inv_t));
+        best_score = d.z_max + kdt::GUMBEL_MIN;
+        const int token = near_draw(top_p, row.l, key, pos_lo, pos_hi, d, s);
+        if (token >= 0) return token;
     }
 
-    // Gumbel-max over the kept tokens. The first token is always kept: its score bounds the winner's from below,
-    // so a token whose z + GUMBEL_MAX is under the best score so far cannot win and gets no noise.
-    const int first_token = token_of(first);
-    float best_score = d.z_max + kdt::gumbel_of_word(
-        word_of(noise_words(static_cast<uint32_t>(first_token) >> 2, pos_lo, pos_hi, key), first_token));
+    unsigned long long threshold = 0ull;
+    if (k_on) threshold = select_threshold<false>(threshold, static_cast<uint32_t>(top_k), 1.f, d, s);
+    if (p_on) threshold = select_threshold<true>(threshold, 0u, top_p, d, s);
+
+    // Gumbel-max over the kept tokens. The first token is always kept, so best_score bounds the winner's score
+    // from below, and so does the best score so far: a token whose z + GUMBEL_MAX is under it cannot win and gets
+    // no noise.
     unsigned long long best = 0ull;
     int cached_quad = -1;
     uint4 words = make_uint4(0u, 0u, 0u, 0u);

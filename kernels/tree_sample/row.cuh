@@ -73,4 +73,37 @@ __device__ __forceinline__ void for_each_logit(const Tin* __restrict__ row, int 
     }
 }
 
+// vector(t0, w) for every whole 16-byte vector of [begin, end) (logits t0 .. t0 + PER - 1, all in range), then
+// scalar(t, x, live) for the rest, one logit at a time; where row + begin is not 16-byte aligned, scalar for all.
+// Trip counts are the same for every thread of the block (`live` says whether a thread's item is real), so both may
+// use warp-wide primitives. For passes cheap enough per logit that a vector's worth of work should be one body.
+template <typename Tin, class Vector, class Scalar>
+__device__ __forceinline__ void for_each_vector(const Tin* __restrict__ row, int begin, int end, Vector&& vector,
+                                                Scalar&& scalar) {
+    constexpr int PER = 16 / static_cast<int>(sizeof(Tin));
+    int scalar_from = begin;
+    if (begin < end && (reinterpret_cast<uintptr_t>(row + begin) & 15u) == 0) {
+        const int vectors = (end - begin) / PER;
+        const uint4* vec = reinterpret_cast<const uint4*>(row + begin);
+        for (int first = 0; first < vectors; first += THREADS * UNROLL) {
+            uint4 w[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int i = first + u * THREADS + static_cast<int>(threadIdx.x);
+                w[u] = i < vectors ? __ldg(vec + i) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int i = first + u * THREADS + static_cast<int>(threadIdx.x);
+                vector(begin + i * PER, w[u], i < vectors);
+            }
+        }
+        scalar_from = begin + vectors * PER;
+    }
+    for (int first = scalar_from; first < end; first += THREADS) {
+        const int t = first + static_cast<int>(threadIdx.x);
+        scalar(t, t < end ? to_float(row[t]) : 0.f, t < end);
+    }
+}
+
 }  // namespace ts
