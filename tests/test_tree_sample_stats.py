@@ -46,7 +46,7 @@ def logits_as(rows: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def on_gpu(tree: dict[str, np.ndarray], rows: np.ndarray, params: dict[str, np.ndarray],
-           max_depth: int) -> dict[str, np.ndarray]:
+           max_depth: int, knobs: dict | None = None) -> dict[str, np.ndarray]:
     """kdt.ops.tree_sample on every request of `tree` (host arrays [G, N]), each with the same logits `rows`
     [N, vocab] (float32 or bf16, repeated on the device) -> the outputs, on the host."""
     import cupy as cp
@@ -58,7 +58,7 @@ def on_gpu(tree: dict[str, np.ndarray], rows: np.ndarray, params: dict[str, np.n
     logits = cp.ascontiguousarray(cp.broadcast_to(device_rows, (groups, *rows.shape)))
     device = {name: cp.asarray(array) for name, array in {**tree, **params}.items()}
     out = ops.tree_sample(*(device[name] for name in TREE_INPUTS), max_depth, ops.Bf16(logits) if bf16 else logits,
-                          *(device[name] for name in SAMPLING_INPUTS))
+                          *(device[name] for name in SAMPLING_INPUTS), knobs=knobs)
     return {name: cp.asnumpy(array) for name, array in out._asdict().items()}
 
 
@@ -176,3 +176,31 @@ def test_accepted_lengths_follow_the_path_products(shape, temperature, top_k, to
     out = on_gpu(tree, rows, params, WALK_DEPTH)
     assert_walks_follow_the_path_products(out, children, WALK_DEPTH, expected)
     assert_decisive_walks_match_the_reference(out, tree, rows, params, WALK_DEPTH)
+
+
+# --- pointer structures that are not trees, on the every-slot path -------------------------------------------------
+# The walk follows the pointers as written. The every-slot path draws each slot at its least depth (the depths by
+# pointer jumping on a tree, by relaxation otherwise), so where the walk reaches a slot at another depth it must
+# draw it again there; slots it cannot reach are never drawn for it.
+#   two_ways:  0 -> 1 -> 2 -> 3 -> 4, and 6 (1's next sibling) -> 3: slot 3 at depth 2 through 6, at 3 through 2
+#   cut_off:   0 -> 1 -> 2 -> 3, and 4, 5 each other's next sibling, reachable from nowhere (a tree otherwise)
+NOT_TREES = {
+    "two_ways": ({0: [1, 6], 1: [2], 2: [3], 6: [3], 3: [4]}, [0, 5, 17, 9, 40, 0, 23], lambda out: (
+        out["accept_index"][:, 1:4] == [1, 2, 3]).all(axis=1)),
+    "cut_off": ({0: [1], 1: [2], 2: [3]}, [0, 5, 17, 9, 40, 41], lambda out: out["accept_len"] == 3),
+}
+EVERY_SLOT = {"every_slot_blocks_per_sm": 1 << 20}   # the every-slot path at any G
+
+
+@pytest.mark.parametrize("structure", list(NOT_TREES))
+def test_pointer_structures_that_are_not_trees_walk_as_written(structure):
+    children, tokens, reached = NOT_TREES[structure]
+    rows = walk_logits(children, tokens)
+    tree = tree_arrays(children, tokens, CHECKED)
+    if structure == "cut_off":
+        tree["next_sibling"][:, 4], tree["next_sibling"][:, 5] = 5, 4
+    params = sampling_params(CHECKED, 1.0, 0, 1.0)
+    out = on_gpu(tree, rows, params, WALK_DEPTH + 2, knobs=EVERY_SLOT)
+    assert reached(out).mean() > 0.02, "too few walks reach the case the structure is about"
+    assert_decisive_walks_match_the_reference(out, tree, rows, params, WALK_DEPTH + 2)
+

@@ -1,9 +1,9 @@
 // kernels/tree_sample/depth.cuh -- the every-slot path's view of its request's tree: the pointer rows and tokens
 // staged in shared memory (for the depths, then the walk), and the depth of a slot: the number of accepts after
-// which the walk reaches it (root 0, first_child + 1, next_sibling + 0). Min-plus relaxation, pointers followed
-// only inside [0, N): on a tree each slot has one way in and this is the walk's depth; on other pointer structures
-// (a slot reachable two ways, cycles) it is the least such depth, the same in every block, and the walk redraws
-// any slot it reaches at another depth.
+// which the walk reaches it (root 0, first_child + 1, next_sibling + 0), pointers followed only inside [0, N). On a
+// tree (one way into each slot, none into the root) by pointer jumping: log2(N) rounds. On other pointer structures
+// (a slot reachable two ways, a cycle through the root) by min-plus relaxation: the least depth, a round per level.
+// Both are deterministic, so the 8 blocks of a cluster agree; the walk redraws any slot it reaches at another depth.
 #pragma once
 
 #include <stdint.h>
@@ -19,40 +19,106 @@ struct TreeSmem {
     int token[SLOTS_MAX];
     int first_child[SLOTS_MAX];
     int next_sibling[SLOTS_MAX];
+    int way_in[SLOTS_MAX];           // 2 * (the slot pointing here) + (1: as first child), or -1; then the jumps
     int depth[SLOTS_MAX];
     int drawn[2 * SLOTS_MAX];        // (token, depth) of every slot's draw, staged for the walk
+    int not_a_tree;
 };
 
+// The least depths by min-plus relaxation, in warp 0 (its rounds at warp barriers: a round per level).
+__device__ void relaxed_depths(int num_slots, TreeSmem& tree) {
+    for (int i = threadIdx.x; i < num_slots; i += 32) tree.depth[i] = i == 0 ? 0 : UNREACHED;
+    __syncwarp();
+    for (int round = 0; round <= num_slots; ++round) {
+        bool changed = false;
+        for (int i = threadIdx.x; i < num_slots; i += 32) {
+            const int here = tree.depth[i];
+            if (here == UNREACHED) continue;
+            const int child = tree.first_child[i], sibling = tree.next_sibling[i];
+            if (child >= 0 && child < num_slots && here + 1 < tree.depth[child]) {
+                atomicMin(&tree.depth[child], here + 1);
+                changed = true;
+            }
+            if (sibling >= 0 && sibling < num_slots && here < tree.depth[sibling]) {
+                atomicMin(&tree.depth[sibling], here);
+                changed = true;
+            }
+        }
+        if (!__any_sync(0xffffffffu, changed)) break;  // also the round's barrier: its writes -> every lane
+    }
+}
+
+// The depths of a tree by pointer jumping, in warp 0: each slot's pointer up and its distance there, doubled each
+// round (read everything, warp barrier, write, warp barrier) until it points at the root; a slot that never gets
+// there (no way in, or on a cycle away from the root) is unreached.
+__device__ void jumped_depths(int num_slots, TreeSmem& tree) {
+    constexpr int PER_LANE = SLOTS_MAX / 32;  // slot lane + 32 k is this lane's k-th (all loops fully unrolled:
+    int up[PER_LANE], dist[PER_LANE];         // the arrays stay in registers)
+#pragma unroll
+    for (int k = 0; k < PER_LANE; ++k) {
+        const int i = threadIdx.x + 32 * k;
+        const int way = i < num_slots ? tree.way_in[i] : -1;
+        up[k] = i == 0 || way < 0 ? i : way >> 1;
+        dist[k] = i == 0 || way < 0 ? 0 : way & 1;
+    }
+    __syncwarp();
+    const auto publish = [&]() {
+#pragma unroll
+        for (int k = 0; k < PER_LANE; ++k) {
+            const int i = threadIdx.x + 32 * k;
+            if (i < num_slots) {
+                tree.way_in[i] = up[k];
+                tree.depth[i] = dist[k];
+            }
+        }
+        __syncwarp();
+    };
+    publish();
+    const int rounds = num_slots > 1 ? 32 - __clz(num_slots - 1) : 0;  // 2^rounds >= N - 1, the longest path
+    for (int round = 0; round < rounds; ++round) {
+#pragma unroll
+        for (int k = 0; k < PER_LANE; ++k) {
+            if (threadIdx.x + 32 * k < num_slots) {
+                dist[k] += tree.depth[up[k]];
+                up[k] = tree.way_in[up[k]];
+            }
+        }
+        __syncwarp();
+        publish();
+    }
+#pragma unroll
+    for (int k = 0; k < PER_LANE; ++k) {
+        const int i = threadIdx.x + 32 * k;
+        if (i < num_slots) tree.depth[i] = up[k] == 0 ? dist[k] : UNREACHED;
+    }
+}
+
 // Stages the request's rows into `tree`; returns the depth of `slot` (UNREACHED when the walk cannot reach it)
-// in every thread of the block. The relaxation runs in warp 0 alone, its rounds at warp barriers: a round per
-// level of the tree, and a 16-deep chain at block barriers cost more than the draw's first pass.
+// in every thread of the block. The depths are found by warp 0 alone: at block barriers the relaxation's rounds of
+// a 16-deep chain cost more than the draw's first pass.
 __device__ int slot_depth(const int* __restrict__ token, const int* __restrict__ first_child,
                           const int* __restrict__ next_sibling, int num_slots, int slot, TreeSmem& tree) {
     for (int i = threadIdx.x; i < num_slots; i += THREADS) {
         tree.token[i] = token[i];
         tree.first_child[i] = first_child[i];
         tree.next_sibling[i] = next_sibling[i];
-        tree.depth[i] = i == 0 ? 0 : UNREACHED;
+        tree.way_in[i] = -1;
+    }
+    if (threadIdx.x == 0) tree.not_a_tree = 0;
+    __syncthreads();
+    // the ways in: each slot claims its first child and its next sibling; a second claim, or one of the root, and
+    // this is not a tree
+    for (int i = threadIdx.x; i < num_slots; i += THREADS) {
+        const int child = tree.first_child[i], sibling = tree.next_sibling[i];
+        if (child >= 0 && child < num_slots && (child == 0 || atomicCAS(&tree.way_in[child], -1, 2 * i + 1) != -1))
+            atomicOr(&tree.not_a_tree, 1);
+        if (sibling >= 0 && sibling < num_slots && (sibling == 0 || atomicCAS(&tree.way_in[sibling], -1, 2 * i) != -1))
+            atomicOr(&tree.not_a_tree, 1);
     }
     __syncthreads();
     if (threadIdx.x < 32) {
-        for (int round = 0; round <= num_slots; ++round) {
-            bool changed = false;
-            for (int i = threadIdx.x; i < num_slots; i += 32) {
-                const int here = tree.depth[i];
-                if (here == UNREACHED) continue;
-                const int child = tree.first_child[i], sibling = tree.next_sibling[i];
-                if (child >= 0 && child < num_slots && here + 1 < tree.depth[child]) {
-                    atomicMin(&tree.depth[child], here + 1);
-                    changed = true;
-                }
-                if (sibling >= 0 && sibling < num_slots && here < tree.depth[sibling]) {
-                    atomicMin(&tree.depth[sibling], here);
-                    changed = true;
-                }
-            }
-            if (!__any_sync(0xffffffffu, changed)) break;  // also the round's barrier: its writes -> every lane
-        }
+        if (tree.not_a_tree) relaxed_depths(num_slots, tree);
+        else jumped_depths(num_slots, tree);
     }
     __syncthreads();
     return tree.depth[slot];
