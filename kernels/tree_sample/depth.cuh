@@ -94,8 +94,8 @@ __device__ void jumped_depths(int num_slots, TreeSmem& tree) {
 }
 
 // Stages the request's rows into `tree`; returns the depth of `slot` (UNREACHED when the walk cannot reach it)
-// in every thread of the block. The depths are found by warp 0 alone: at block barriers the relaxation's rounds of
-// a 16-deep chain cost more than the draw's first pass.
+// in every thread of the block. The depths are found by warp 0 alone, its rounds at warp barriers: N <= 256 slots
+// are 8 per lane, too few to pay for 512-thread barriers.
 __device__ int slot_depth(const int* __restrict__ token, const int* __restrict__ first_child,
                           const int* __restrict__ next_sibling, int num_slots, int slot, TreeSmem& tree) {
     for (int i = threadIdx.x; i < num_slots; i += THREADS) {
