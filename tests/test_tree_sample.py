@@ -76,3 +76,19 @@ def test_random_cases_are_decisive():
     for _ in range(10):
         case = tree_sample.random_case(rng)
         assert tree_sample.run_reference_margins(case.inputs, case.params["max_depth"])["decisive"].all()
+
+
+def test_the_drafts_lead_bench_rows_follow_the_tree():
+    # G64_N64_T1_drafts: every child's token leads its parent's row, the first child most, so walks accept drafts
+    from kdt.stages.tree_accept import drafted_tree
+
+    tree = drafted_tree(np.random.default_rng(63), 2, 15, 8, 63)
+    row, token, lead = tree_sample._draft_leads(tree, np.random.default_rng(64))
+    slots = tree["token"].shape[1]
+    assert len(row) == int(tree["n_nodes"].sum())   # one lead per taken node, in its parent's row
+    for g, s in [(0, 0), (1, 0), (0, int(tree["first_child"][0, 0]))]:
+        kids = token[row == g * slots + s]
+        first = int(tree["first_child"][g, s])
+        assert kids[0] == tree["token"][g, first]
+        assert (np.diff(lead[row == g * slots + s]) < 0).all()   # later siblings lead less
+    assert 14 <= lead.max() <= 16

@@ -249,13 +249,16 @@ def run_reference(inputs, params):
 def bench_shapes(quick: bool):
     """Issue 18's shapes: G64 N64 and G1 N16 over vocab 163840 in bf16, rows shaped like a language model's (a
     normal bulk, four tokens 10-20 above it), temperature 1 alone, with top-k 20 and top-p 0.95, top-p 0.9 alone,
-    and flat rows (every token needs its noise: exact, slowest). Bytes: the logits once (the fused argmax of
-    tree-accept reads the same)."""
+    and flat rows (every token needs its noise: exact, slowest). The four leading tokens are random ids, never a
+    draft's, so these walks stop at the root; `_drafts` puts the leads on each slot's children instead (14-16
+    above the bulk for the first, 2 less per later sibling), so that walks accept drafts as they do in decoding.
+    Bytes: one row per request, the fewest a walk reads (the root's); what a walk reads beyond it depends on the
+    draws, and the every-slot path reads every row on purpose."""
     from kdt.bench import BenchShape, device_bf16, upload_host
 
     vocab = 163840
 
-    def shape(name, groups, budget, temperature, top_k, top_p, flat=False):
+    def shape(name, groups, budget, temperature, top_k, top_p, rows_like="random leads"):
         slots = budget + 1
 
         def make(cp):
@@ -265,13 +268,16 @@ def bench_shapes(quick: bool):
                                         list(range(groups)), seed=[12345] * groups))
             device = upload_host(cp, host)
             rng = cp.random.default_rng(7)
-            logits = (cp.zeros((groups, slots, vocab), cp.float32) if flat
+            logits = (cp.zeros((groups, slots, vocab), cp.float32) if rows_like == "flat"
                       else rng.standard_normal((groups, slots, vocab), dtype=cp.float32))
-            if not flat:
+            flat_rows = logits.reshape(groups * slots, vocab)
+            if rows_like == "random leads":
                 rows = cp.arange(groups * slots)[:, None]
                 lead = rng.integers(0, vocab, (groups * slots, 4))
-                logits.reshape(groups * slots, vocab)[rows, lead] += 10 + 10 * rng.random((groups * slots, 4),
-                                                                                          dtype=cp.float32)
+                flat_rows[rows, lead] += 10 + 10 * rng.random((groups * slots, 4), dtype=cp.float32)
+            elif rows_like == "drafts lead":
+                row, token, lead = _draft_leads(tree, np.random.default_rng(budget + 1))
+                flat_rows[cp.asarray(row), cp.asarray(token)] += cp.asarray(lead)
             device["target_logits"] = device_bf16(cp, logits)
             return device
 
@@ -279,14 +285,32 @@ def bench_shapes(quick: bool):
                   "target_logits": ((groups, slots, vocab), "bfloat16"), "temperature": ((groups,), "float32"),
                   "top_k": ((groups,), "int32"), "top_p": ((groups,), "float32"), "seed": ((groups,), "uint64"),
                   "position": ((groups,), "int64")}
-        return BenchShape(name, make, {"max_depth": 15}, layout, groups * slots * vocab * 2, cpu_baseline=False)
+        return BenchShape(name, make, {"max_depth": 15}, layout, groups * vocab * 2, cpu_baseline=False)
 
     shapes = [shape("G64_N64_T1", 64, 63, 1.0, 0, 1.0), shape("G1_N16_T0.7_topp0.95", 1, 15, 0.7, 0, 0.95)]
     if not quick:
         shapes += [shape("G64_N64_T1_topk20_topp0.95", 64, 63, 1.0, 20, 0.95),
                    shape("G64_N64_T1_topp0.9", 64, 63, 1.0, 0, 0.9),
-                   shape("G64_N64_T1_flat", 64, 63, 1.0, 0, 1.0, flat=True)]
+                   shape("G64_N64_T1_flat", 64, 63, 1.0, 0, 1.0, rows_like="flat"),
+                   shape("G64_N64_T1_drafts", 64, 63, 1.0, 0, 1.0, rows_like="drafts lead"),
+                   shape("G1_N16_T0.7_topp0.95_drafts", 1, 15, 0.7, 0, 0.95, rows_like="drafts lead")]
     return shapes
+
+
+def _draft_leads(tree: dict, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(flat row g * N + slot, token, lead) for every child of every slot: the first child's token 14-16 above the
+    bulk, 2 less per later sibling (language_model_logits' leads, for rows made on the GPU)."""
+    groups, slots = tree["token"].shape
+    row, token, lead = [], [], []
+    for g in range(groups):
+        for s in range(slots):
+            child, rank = int(tree["first_child"][g, s]), 0
+            while 0 <= child < slots:
+                row.append(g * slots + s)
+                token.append(int(tree["token"][g, child]))
+                lead.append(14.0 - 2.0 * rank + 2.0 * rng.random())
+                child, rank = int(tree["next_sibling"][g, child]), rank + 1
+    return np.array(row, np.int64), np.array(token, np.int64), np.array(lead, np.float32)
 
 
 def torch_baseline(inputs, params):
