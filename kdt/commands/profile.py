@@ -1,6 +1,7 @@
 """`kdt profile`: Nsight Compute on one call of a stage (one bench shape or one golden case): per kernel its time,
 DRAM and SM throughput, occupancy, registers, shared memory and top warp stalls; for a bench shape, the call's time
-against the roofline bound of the shape's byte and flop model at this machine's measured peaks."""
+against the roofline bound of the shape's byte and flop model at this machine's measured peaks. `--lines N`: a
+second run under ncu, the source lines where the warps stall most (kdt/source_stalls.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from kdt import profile, toolkit
 from kdt.commands import common
 from kdt.commands.common import (FormatOption, KnobOption, RunArchOption, SetOption, SmsOption, knobs_for,
                                  select_run, set_label)
-from kdt.console import EXIT_OK, OutputFormat, Report, Sheet, errors
+from kdt.console import EXIT_CHECK_FAILED, EXIT_OK, OutputFormat, Report, Sheet, errors
 from kdt.refs.errors import BadInput
 
 
@@ -29,6 +30,9 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
             json_file: Optional[Path] = typer.Option(None, "--json", help="write every figure as JSON"),
             timeout: float = typer.Option(profile.DEFAULT_TIMEOUT_S, "--timeout", min=1,
                                           help="seconds allowed for the run under ncu"),
+            lines: int = typer.Option(0, "--lines", min=0, metavar="N",
+                                      help="also the N source lines (with the calls inlined on the way) where the "
+                                           "warps stall most: a second run under ncu, its source counters"),
             knob: Optional[list[str]] = KnobOption, arch: Optional[str] = RunArchOption,
             sms: Optional[int] = SmsOption, output: OutputFormat = FormatOption):
     """Nsight Compute on one call of a kernel: time, throughput, occupancy, resources and stalls per function."""
@@ -42,6 +46,10 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
     ncu = profile.find_ncu()
     if ncu is None:
         raise toolkit.ToolkitMissing(profile.NCU_MISSING)
+    nvdisasm = toolkit.find_cuda_tool("nvdisasm") if lines else None
+    if lines and nvdisasm is None:
+        raise toolkit.ToolkitMissing("nvdisasm not found next to nvcc, on PATH or under CUDA_HOME: --lines maps "
+                                     "ncu's samples to source lines through it")
     common.preflight([spec])  # builds the cubin here, so the run under ncu finds it cached
     plan = profile.launch_plan(spec, inputs, params, knobs)
     if not plan.launches:
@@ -75,16 +83,60 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
                        "flushed first, clocks as they run"))
     figures = profile.results_json(result, plan_path=plan.path, arch=runtime.device_arch(),
                                    multiprocessors=runtime.multiprocessors(), knobs=knobs, roof=roof, peaks=machine)
-    if json_file:
-        from kdt import report
-
-        report.write_atomically(json_file, json.dumps(figures, indent=2))
     code, problem = result.verdict()
     if problem:
         out.say(f"[red]{escape(problem)}[/]")
         out.verbatim(result.tail().splitlines())
+    elif lines:
+        problem = _lines(out, figures, spec, functions, kind, name, golden_path, knob, arch, sms, shape_set, ncu,
+                         nvdisasm, timeout, lines)
+        if problem:
+            code = EXIT_CHECK_FAILED
+            out.say(f"[red]{escape(problem)}[/]")
+    if json_file:
+        from kdt import report
+
+        report.write_atomically(json_file, json.dumps(figures, indent=2))
     out.document(figures)
     raise typer.Exit(code if problem else EXIT_OK)
+
+
+def _lines(out, figures: dict, spec, functions: list[str], kind: str, name: str, golden_path, knob, arch, sms,
+           shape_set, ncu, nvdisasm, timeout: float, count: int) -> Optional[str]:
+    """kdt profile --lines: the second run under ncu, a table per function of the `count` chains with the most
+    stall samples (also into `figures`); what went wrong, or None."""
+    from kdt import build, paths, runtime, source_stalls
+
+    child = profile.child_command(spec.name, shape=name if kind == "shape" else None,
+                                  case=name if kind == "case" else None, golden=golden_path, knobs=knob or (),
+                                  arch=arch, sms=sms, shape_set=shape_set)
+    cubin = build.build(spec, runtime.device_arch()).cubin
+    errors.print(f"ncu's source counters on the same launches, mapped through nvdisasm's line table of {cubin.name} "
+                 "...")
+    found = source_stalls.run(child, functions, ncu=ncu, nvdisasm=nvdisasm, cubin=cubin, timeout_s=timeout)
+    figures["lines"] = {function: [{"chain": list(row.chain), "samples": row.samples, "share": row.share,
+                                    "reasons": row.reasons} for row in rows]
+                        for function, rows in found.functions.items()}
+    if not any(found.functions.values()):
+        out.verbatim(found.output.strip().splitlines()[-25:])
+        return f"the run for --lines gave no source counters (ncu exited {found.returncode})"
+    for function, rows in found.functions.items():
+        out.table(_lines_table(f"kdt profile {spec.name} {name}: {function}, where its warps stall (samples by "
+                               "source line, outermost call first)", rows[:count], paths.KERNELS))
+    return None
+
+
+def _lines_table(title: str, rows, kernels_dir) -> Sheet:
+    from kdt import source_stalls
+
+    table = Sheet(title, ("samples", "share", "top stalls", "where", "source"), right=("samples", "share"))
+    for row in rows:
+        chain = row.chain[-4:]
+        where = ("... > " if len(row.chain) > len(chain) else "") + " > ".join(chain) if chain else "(no line)"
+        reasons = ", ".join(f"{reason.replace('_', ' ')} {n}" for reason, n in row.top_reasons())
+        table.add_row(f"{row.samples:,}", f"{100 * row.share:.1f}%", reasons, where,
+                      source_stalls.source_text(row.chain, kernels_dir)[:60])
+    return table
 
 
 def _subject(spec, shape: Optional[str], shape_set: Optional[str], case: Optional[str], golden_file: Optional[Path]):
