@@ -134,3 +134,25 @@ def test_profile_lines_needs_nvdisasm(monkeypatch, capsys):
     code, out, err = run_kdt(monkeypatch, capsys, "profile", "verify-attn", "--shape", "G1_H8_N8_prefix1*",
                              "--lines", "5")
     assert code == 2 and "nvdisasm not found" in " ".join((out + err).split())
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_profile_lines_on_the_gpu(root, tmp_path):
+    import sys
+
+    from kdt import profile
+
+    if profile.find_ncu() is None or toolkit.find_cuda_tool("nvdisasm") is None:
+        pytest.skip("no ncu or no nvdisasm")
+    out_json = tmp_path / "profile.json"
+    done = subprocess.run([sys.executable, "-m", "kdt", "profile", "topk", "--shape", "G1_K7_vocab163840_V8_f32",
+                           "--lines", "5", "--json", str(out_json)], capture_output=True, text=True, cwd=root,
+                          timeout=900, env={**__import__("os").environ, "COLUMNS": "200"})
+    if done.returncode == 2 and profile.PERMISSION in done.stderr:
+        pytest.skip("ncu may not read the performance counters here (ERR_NVGPUCTRPERM)")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = json.loads(out_json.read_text())["lines"]
+    rows = [row for function in lines.values() for row in function]
+    assert rows and any(row["chain"] and row["chain"][0].startswith("topk.cu:") for row in rows[:5])
+    assert sum(row["share"] for function in lines.values() for row in function) == pytest.approx(len(lines))
