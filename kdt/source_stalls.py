@@ -16,6 +16,7 @@ reason (barrier) says what it waits for. Both runs (ncu's, then nvdisasm on the 
 from __future__ import annotations
 
 import csv
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,11 +152,16 @@ def source_text(chain: tuple[str, ...], kernels_dir: Path) -> str:
     if not chain:
         return ""
     name, _, line = chain[-1].rpartition(":")
-    path = kernels_dir / name
     try:
-        return path.read_text(errors="replace").splitlines()[int(line) - 1].strip()
+        return _source_lines(kernels_dir / name)[int(line) - 1].strip()
     except (OSError, IndexError, ValueError):
         return ""
+
+
+@functools.lru_cache(maxsize=64)
+def _source_lines(path: Path) -> tuple[str, ...]:
+    """A kernel source's lines, read once however many rows name it."""
+    return tuple(path.read_text(errors="replace").splitlines())
 
 
 @dataclass

@@ -5,6 +5,7 @@ second run under ncu, the source lines where the warps stall most (kdt/source_st
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Optional
@@ -88,8 +89,10 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
         out.say(f"[red]{escape(problem)}[/]")
         out.verbatim(result.tail().splitlines())
     elif lines:
-        problem = _lines(out, figures, spec, functions, kind, name, golden_path, knob, arch, sms, shape_set, ncu,
-                         nvdisasm, timeout, lines)
+        child = profile.child_command(spec.name, shape=name if kind == "shape" else None,
+                                      case=name if kind == "case" else None, golden=golden_path, knobs=knob or (),
+                                      arch=arch, sms=sms, shape_set=shape_set)
+        problem = _lines(out, figures, spec, name, functions, child, ncu, nvdisasm, timeout, lines)
         if problem:
             code = EXIT_CHECK_FAILED
             out.say(f"[red]{escape(problem)}[/]")
@@ -101,21 +104,17 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
     raise typer.Exit(code if problem else EXIT_OK)
 
 
-def _lines(out, figures: dict, spec, functions: list[str], kind: str, name: str, golden_path, knob, arch, sms,
-           shape_set, ncu, nvdisasm, timeout: float, count: int) -> Optional[str]:
-    """kdt profile --lines: the second run under ncu, a table per function of the `count` chains with the most
-    stall samples (also into `figures`); what went wrong, or None."""
+def _lines(out, figures: dict, spec, name: str, functions: list[str], child: list[str], ncu, nvdisasm,
+           timeout: float, count: int) -> Optional[str]:
+    """kdt profile --lines: `child` (the first run's kdt bench or verify) under ncu again, a table per function of
+    the `count` chains with the most stall samples (also into `figures`); what went wrong, or None."""
     from kdt import build, paths, runtime, source_stalls
 
-    child = profile.child_command(spec.name, shape=name if kind == "shape" else None,
-                                  case=name if kind == "case" else None, golden=golden_path, knobs=knob or (),
-                                  arch=arch, sms=sms, shape_set=shape_set)
     cubin = build.build(spec, runtime.device_arch()).cubin
     errors.print(f"ncu's source counters on the same launches, mapped through nvdisasm's line table of {cubin.name} "
                  "...")
     found = source_stalls.run(child, functions, ncu=ncu, nvdisasm=nvdisasm, cubin=cubin, timeout_s=timeout)
-    figures["lines"] = {function: [{"chain": list(row.chain), "samples": row.samples, "share": row.share,
-                                    "reasons": row.reasons} for row in rows]
+    figures["lines"] = {function: [dataclasses.asdict(row) for row in rows]
                         for function, rows in found.functions.items()}
     if not any(found.functions.values()):
         out.verbatim(found.output.strip().splitlines()[-25:])
