@@ -17,7 +17,6 @@ namespace {
 // lane: slot q on lane q % 32 of set q / 32, so "smallest slot" is "set 0's lowest lane, else set 1's". Warp 0 runs
 // the loop and the finalize alone, with no block barrier after the staging. See plans/kernels/tree-build.md,
 // "Small path", for the algorithm and the chain it shortens.
-constexpr int kSmallMaxSlots = 64;
 // Its shared memory, inside the p{SETS} layout (P = 32 * SETS): lp1[d] = top_logp[g, d, 1] (-inf for d >= K or
 // V == 1) in the bytes of ent and logw, which it does not use; fc where the serial loop keeps it; lp0 in the
 // layout's header; lp and ids in region x; with two sets, the finalize's per-parent records in `last` and `rec`.
