@@ -5,9 +5,8 @@ Each numpy array of [SETS, 32] entries is one register per set across the 32 lan
 statements follow small_build's in order (the REDUX over each lane's larger key before apply, the late merge of the
 newborn's key, one ballot per set with set 1 winning only where set 0's is empty, the shuffle from lane wl % 32,
 steps past B as no-ops, groups of kSmallUnroll steps), so CI checks the algorithm and its tie-breaks on many inputs
-(ties, -inf, zero and positive log-probs, deep greedy chains); the finalize is modelled by what it must give (rank,
-first child and next sibling from the parents). The GPU tests check the kernel itself against the reference on
-the same kinds of input."""
+(ties, -inf, zero and positive log-probs, deep greedy chains), and the finalize's set-wise sibling logic. The GPU
+tests check the kernel itself against the reference on the same kinds of input."""
 
 from __future__ import annotations
 
@@ -135,29 +134,53 @@ def small_build(top_logp: np.ndarray, top_ids: np.ndarray, B: int) -> dict:
             break
     apply(st["sp"])
 
-    # finalize: per slot (lane, set); siblings (same parent) are taken in rank order
+    # finalize, as small_finalize: per set, __match_any_sync over the parents (unborn slots: distinct negatives);
+    # with two sets, set 1's ranks start after the parent's children in set 0, and a set-0 slot with no later
+    # sibling in its set continues with the parent's first child in set 1
     N = B + 1
-    D, par = st["D"].reshape(-1), st["par"].reshape(-1)
-    L, mask = st["L"].reshape(-1), st["mask"].reshape(-1)
+    D, par, L, mask = st["D"], st["par"], st["L"], st["mask"]
     born = D > 0
     n = int(born.sum())
-    slots = np.arange(sets * LANES)
-    valid = slots <= n
+    value = np.where(born, par, -2 - slot)
+    sib = [np.array([sum(1 << j for j in range(LANES) if value[k, j] == value[k, i]) for i in range(LANES)])
+           for k in range(sets)]
+    rnk = np.array([[bin(int(sib[k][i]) & ((1 << i) - 1)).count("1") for i in range(LANES)] for k in range(sets)])
+    nxt = np.full((sets, LANES), -1)
+    for k in range(sets):
+        for i in range(LANES):
+            later = int(sib[k][i]) & ~((1 << (i + 1)) - 1)
+            if born[k, i] and later:
+                nxt[k, i] = LANES * k + (later & -later).bit_length() - 1
+    fc = np.full(LANES * sets, -1)
+    for i in range(LANES):
+        if born[0, i] and rnk[0, i] == 0:
+            fc[par[0, i]] = i
+    if sets == 2:
+        count0, first1 = np.zeros(2 * LANES, np.int64), np.full(2 * LANES, -1)
+        for i in range(LANES):
+            if born[0, i] and rnk[0, i] == 0:
+                count0[par[0, i]] = bin(int(sib[0][i])).count("1")
+            if born[1, i] and rnk[1, i] == 0:
+                first1[par[1, i]] = LANES + i
+        before = np.where(born[1], count0[np.maximum(par[1], 0)], 0)
+        for i in range(LANES):
+            if born[1, i] and rnk[1, i] == 0 and before[i] == 0:
+                fc[par[1, i]] = LANES + i
+        rnk[1] += before
+        nxt[0] = np.where(born[0] & (nxt[0] < 0), first1[np.maximum(par[0], 0)], nxt[0])
     W = (N + 31) // 32
     out = {k: [] for k in ("parent", "depth", "token", "rank", "logw", "first_child", "next_sibling", "mask")}
     for q in range(N):
-        same = [r for r in range(sets * LANES) if born[r] and born[q] and par[r] == par[q]]
-        rnk = sum(1 for r in same if r < q)
-        later = [r for r in same if r > q]
-        kids = [r for r in range(sets * LANES) if born[r] and par[r] == q]
-        out["parent"].append(par[q] if born[q] else -1)
-        out["depth"].append(D[q] if valid[q] else -1)
-        out["token"].append(ids_s[(D[q] - 1) * Vs + rnk] if born[q] else -1)
-        out["rank"].append(rnk if born[q] else -1)
-        out["logw"].append(L[q] if valid[q] else -np.inf)
-        out["first_child"].append(min(kids) if kids else -1)
-        out["next_sibling"].append(min(later) if later else -1)
-        out["mask"].append([(int(mask[q]) >> (32 * w)) & 0xFFFFFFFF if valid[q] else 0 for w in range(W)])
+        k, i = divmod(q, LANES)
+        valid = q <= n
+        out["parent"].append(par[k, i] if born[k, i] else -1)
+        out["depth"].append(D[k, i] if valid else -1)
+        out["token"].append(ids_s[(D[k, i] - 1) * Vs + rnk[k, i]] if born[k, i] else -1)
+        out["rank"].append(rnk[k, i] if born[k, i] else -1)
+        out["logw"].append(L[k, i] if valid else -np.inf)
+        out["first_child"].append(fc[q])
+        out["next_sibling"].append(nxt[k, i])
+        out["mask"].append([(int(mask[k, i]) >> (32 * w)) & 0xFFFFFFFF if valid else 0 for w in range(W)])
     res = {k: np.array(v) for k, v in out.items()}
     res["logw"] = res["logw"].astype(F32)
     res["n_nodes"] = n
