@@ -10,7 +10,8 @@
 //
 // Entry points: kdt_tree_build_p{NPL}, kdt_tree_build_p{NPL}_select, kdt_tree_build_p{NPL}_g, NPL in {1, 2, 4, 8,
 //   16, 32} = slots per lane of warp 0, the smallest power of two >= ceil(N / 32). Three paths, same outputs:
-//   small   (tree_build/small.cuh)  p1 without a select pool (cap == 0): B <= 31, warp 0 alone, one slot per lane;
+//   small   (tree_build/small.cuh)  p1 / p2 without a select pool (cap == 0): B <= 63, warp 0 alone, one or two
+//           slots per lane;
 //   select  (tree_build/select.cuh) _select only, when every log-prob is <= 0 and the pool does not overflow: the
 //           whole block selects the B best paths (best-first is a sort then);
 //   serial  (tree_build/serial.cuh) everything else: warp 0's best-first loop, one node per step.

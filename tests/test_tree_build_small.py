@@ -1,11 +1,12 @@
-"""The tree-build kernel's small path (B <= 31: `small_build` in kernels/tree_build/small.cuh), modelled lane by lane
-in numpy, against the heapq reference.
+"""The tree-build kernel's small path (B <= 63: `small_build<SETS>` in kernels/tree_build/small.cuh, one or two slots
+per lane), modelled lane by lane in numpy, against the heapq reference.
 
-Each numpy array of 32 entries is one register across the 32 lanes of warp 0; the statements follow
-small_build's in order (the REDUX before apply, the late merge of the newborn's key, the shuffle from lane
-wl % 32, steps past B as no-ops, groups of kSmallUnroll steps), so CI checks the algorithm and its tie-breaks on
-many inputs (ties, -inf, zero and positive log-probs, deep greedy chains); the GPU tests check the kernel itself
-against the reference on the same kinds of input."""
+Each numpy array of [SETS, 32] entries is one register per set across the 32 lanes of warp 0; the loop's
+statements follow small_build's in order (the REDUX over each lane's larger key before apply, the late merge of the
+newborn's key, one ballot per set with set 1 winning only where set 0's is empty, the shuffle from lane wl % 32,
+steps past B as no-ops, groups of kSmallUnroll steps), so CI checks the algorithm and its tie-breaks on many inputs
+(ties, -inf, zero and positive log-probs, deep greedy chains), and the finalize's set-wise sibling logic. The GPU
+tests check the kernel itself against the reference on the same kinds of input."""
 
 from __future__ import annotations
 
@@ -39,8 +40,11 @@ def fadd(a, b) -> np.ndarray:
 
 
 def small_build(top_logp: np.ndarray, top_ids: np.ndarray, B: int) -> dict:
+    """The kernel's small_build, lane by lane: SETS = ceil((B + 1) / 32) slots per lane (slot q on lane q % 32 of
+    set q // 32), each register an array [SETS, 32]."""
     K, V = top_logp.shape
-    assert 1 <= B <= LANES - 1
+    assert 1 <= B <= 2 * LANES - 1
+    sets = (B + 1 + LANES - 1) // LANES
     Vs = min(V, B + 1)
     lp_s = top_logp[:, :Vs].astype(F32).reshape(-1)
     ids_s = top_ids[:, :Vs].reshape(-1)
@@ -50,8 +54,10 @@ def small_build(top_logp: np.ndarray, top_ids: np.ndarray, B: int) -> dict:
     if V > 1:
         lp1[:K] = top_logp[:, 1]
     lane = np.arange(LANES)
+    slot = np.arange(sets)[:, None] * LANES + lane[None, :]
     lanes_below = ((1 << lane) - 1).astype(np.uint64)
-    full = lambda v, dt: np.full(LANES, v, dt)
+    full = lambda v, dt: np.full((sets, LANES), v, dt)
+    uniform = lambda v, dt: np.full((sets, LANES), v, dt)     # a warp-uniform value, in every lane of every set
 
     st = {}
     st["D"], st["rho"], st["par"] = full(0, np.int64), full(0, np.int64), full(-1, np.int64)
@@ -61,18 +67,18 @@ def small_build(top_logp: np.ndarray, top_ids: np.ndarray, B: int) -> dict:
     st["nxt"] = full(lp_s[min(2, Vs - 1)], F32)
     st["rc0"], st["rc1"] = full(lp0[1], F32), full(lp1[1], F32)
     st["gl0"], st["gl1"] = full(lp0[2], F32), full(lp1[2], F32)
-    st["ck"] = full(score_key(fadd(sc0, st["rc0"][0])), np.uint32)
-    st["ca"] = full(score_key(fadd(sc0, st["rc1"][0])), np.uint32)
+    st["ck"] = full(score_key(fadd(sc0, lp0[1])), np.uint32)
+    st["ca"] = full(score_key(fadd(sc0, lp1[1])), np.uint32)
     st["mask"] = full(1, np.uint64)
     st["key"] = full(0, np.uint32)
     st["is_w"] = full(False, bool)
-    st["is_n"] = lane == 0
+    st["is_n"] = slot == 0
     st["bal"] = 1
     st["m"] = np.uint32(0)
-    st["c"] = full(score_key(sc0), np.uint32)      # uniform values kept as full arrays
+    st["c"] = uniform(score_key(sc0), np.uint32)
     st["a"] = st["adv"].copy()
-    st["wmask"] = full(1, np.uint64)
-    st["wl"], st["wD"], st["sp"] = -1, full(-1, np.int64), 0
+    st["wmask"] = uniform(1, np.uint64)
+    st["wl"], st["wD"], st["sp"] = -1, uniform(-1, np.int64), 0
     st["g0"], st["g1"] = st["rc0"].copy(), st["rc1"].copy()
 
     def apply(t: int) -> None:
@@ -83,12 +89,12 @@ def small_build(top_logp: np.ndarray, top_ids: np.ndarray, B: int) -> dict:
         born = is_n & (t > 0)
         st["adv"] = np.where(born, st["a"], st["adv"]).astype(np.uint32)
         st["rho"] = np.where(born, 0, st["rho"])
-        st["L"] = np.where(born, key_score(np.full(LANES, st["m"], np.uint32)), st["L"]).astype(F32)
+        st["L"] = np.where(born, key_score(np.full(slot.shape, st["m"], np.uint32)), st["L"]).astype(F32)
         st["D"] = np.where(born, st["wD"] + 1, st["D"])
         st["rc0"] = np.where(born, st["g0"], st["rc0"]).astype(F32)
         st["rc1"] = np.where(born, st["g1"], st["rc1"]).astype(F32)
         st["par"] = np.where(born, st["wl"], st["par"])
-        st["mask"] = np.where(born, st["wmask"] | np.uint64(1 << (t & 31)), st["mask"]).astype(np.uint64)
+        st["mask"] = np.where(born, st["wmask"] | np.uint64(1 << (t & 63)), st["mask"]).astype(np.uint64)
         sc = key_score(np.where(is_n, st["c"], st["key"]).astype(np.uint32))
         st["ck"] = score_key(fadd(sc, st["rc0"]))
         st["ca"] = score_key(fadd(sc, st["rc1"]))
@@ -98,24 +104,26 @@ def small_build(top_logp: np.ndarray, top_ids: np.ndarray, B: int) -> dict:
         st["gl0"], st["gl1"] = lp0[st["D"] + 2], lp1[st["D"] + 2]
 
     def step(s: int) -> None:
-        R = st["key"].max()
+        R = st["key"].max()                         # REDUX over each lane's largest key
         apply(s - 1)
         key = np.where(st["is_n"], st["c"], st["key"]).astype(np.uint32)
         live = (key != 0) & (s <= B)
-        m = np.uint32(max(int(R), int(st["c"][0])))
+        m = np.uint32(max(int(R), int(st["c"][0, 0])))
         st["m"] = m
         cand = live & (key == m)
-        bal = int(sum(1 << int(i) for i in np.nonzero(cand)[0]))
-        taken = np.where(cand, st["adv"], key)
+        ballots = [int(sum(1 << int(i) for i in np.nonzero(cand[k])[0])) for k in range(sets)]
+        # the smallest slot holding the best key: set 0's lowest lane, else set 1's
+        win = next((k for k in range(sets) if ballots[k]), 0)
+        bal = ballots[win]
         lower = (np.uint64(bal) & lanes_below) != 0
-        st["key"] = np.where(lower, key, taken).astype(np.uint32)
-        st["is_w"] = cand & ~lower
+        st["is_w"] = cand & ~lower[None, :] & (np.arange(sets) == win)[:, None]
+        st["key"] = np.where(st["is_w"], st["adv"], key).astype(np.uint32)
         wl = (bal & -bal).bit_length() - 1          # __ffs(bal) - 1: -1 when bal == 0
         src = wl % LANES                            # a shuffle from lane -1 reads lane 31
         for name, reg in (("c", "ck"), ("a", "ca"), ("g0", "gl0"), ("g1", "gl1"), ("wD", "D"), ("wmask", "mask")):
-            st[name] = np.full(LANES, st[reg][src], st[reg].dtype)
-        st["wl"] = wl
-        st["is_n"] = (lane == s) & (bal != 0)
+            st[name] = np.full(slot.shape, st[reg][win, src], st[reg].dtype)
+        st["wl"] = wl + LANES * win if bal else -1
+        st["is_n"] = (slot == s) & (bal != 0)
         st["bal"] = bal
         st["sp"] = s
 
@@ -126,30 +134,53 @@ def small_build(top_logp: np.ndarray, top_ids: np.ndarray, B: int) -> dict:
             break
     apply(st["sp"])
 
-    # finalize
+    # finalize, as small_finalize: per set, __match_any_sync over the parents (unborn slots: distinct negatives);
+    # with two sets, set 1's ranks start after the parent's children in set 0, and a set-0 slot with no later
+    # sibling in its set continues with the parent's first child in set 1
     N = B + 1
-    D, par = st["D"], st["par"]
+    D, par, L, mask = st["D"], st["par"], st["L"], st["mask"]
     born = D > 0
     n = int(born.sum())
-    valid = lane <= n
-    value = np.where(born, par, -2 - lane)
-    sib = np.array([sum(1 << j for j in range(LANES) if value[j] == value[i]) for i in range(LANES)], np.uint64)
-    rnk = np.array([bin(int(sib[i]) & ((1 << i) - 1)).count("1") for i in range(LANES)])
-    fc = np.full(LANES, -1)
+    value = np.where(born, par, -2 - slot)
+    sib = [np.array([sum(1 << j for j in range(LANES) if value[k, j] == value[k, i]) for i in range(LANES)])
+           for k in range(sets)]
+    rnk = np.array([[bin(int(sib[k][i]) & ((1 << i) - 1)).count("1") for i in range(LANES)] for k in range(sets)])
+    nxt = np.full((sets, LANES), -1)
+    for k in range(sets):
+        for i in range(LANES):
+            later = int(sib[k][i]) & ~((1 << (i + 1)) - 1)
+            if born[k, i] and later:
+                nxt[k, i] = LANES * k + (later & -later).bit_length() - 1
+    fc = np.full(LANES * sets, -1)
     for i in range(LANES):
-        if born[i] and rnk[i] == 0:
-            fc[par[i]] = i
+        if born[0, i] and rnk[0, i] == 0:
+            fc[par[0, i]] = i
+    if sets == 2:
+        count0, first1 = np.zeros(2 * LANES, np.int64), np.full(2 * LANES, -1)
+        for i in range(LANES):
+            if born[0, i] and rnk[0, i] == 0:
+                count0[par[0, i]] = bin(int(sib[0][i])).count("1")
+            if born[1, i] and rnk[1, i] == 0:
+                first1[par[1, i]] = LANES + i
+        before = np.where(born[1], count0[np.maximum(par[1], 0)], 0)
+        for i in range(LANES):
+            if born[1, i] and rnk[1, i] == 0 and before[i] == 0:
+                fc[par[1, i]] = LANES + i
+        rnk[1] += before
+        nxt[0] = np.where(born[0] & (nxt[0] < 0), first1[np.maximum(par[0], 0)], nxt[0])
+    W = (N + 31) // 32
     out = {k: [] for k in ("parent", "depth", "token", "rank", "logw", "first_child", "next_sibling", "mask")}
-    for i in range(N):
-        later = int(sib[i]) & ~((1 << (i + 1)) - 1)
-        out["parent"].append(par[i] if born[i] else -1)
-        out["depth"].append(D[i] if valid[i] else -1)
-        out["token"].append(ids_s[(D[i] - 1) * Vs + rnk[i]] if born[i] else -1)
-        out["rank"].append(rnk[i] if born[i] else -1)
-        out["logw"].append(st["L"][i] if valid[i] else -np.inf)
-        out["first_child"].append(fc[i])
-        out["next_sibling"].append(((later & -later).bit_length() - 1) if (born[i] and later) else -1)
-        out["mask"].append(int(st["mask"][i]) & 0xFFFFFFFF if valid[i] else 0)
+    for q in range(N):
+        k, i = divmod(q, LANES)
+        valid = q <= n
+        out["parent"].append(par[k, i] if born[k, i] else -1)
+        out["depth"].append(D[k, i] if valid else -1)
+        out["token"].append(ids_s[(D[k, i] - 1) * Vs + rnk[k, i]] if born[k, i] else -1)
+        out["rank"].append(rnk[k, i] if born[k, i] else -1)
+        out["logw"].append(L[k, i] if valid else -np.inf)
+        out["first_child"].append(fc[q])
+        out["next_sibling"].append(nxt[k, i])
+        out["mask"].append([(int(mask[k, i]) >> (32 * w)) & 0xFFFFFFFF if valid else 0 for w in range(W)])
     res = {k: np.array(v) for k, v in out.items()}
     res["logw"] = res["logw"].astype(F32)
     res["n_nodes"] = n
@@ -159,7 +190,7 @@ def small_build(top_logp: np.ndarray, top_ids: np.ndarray, B: int) -> dict:
 def random_case(rng: np.random.Generator):
     K = int(rng.choice([1, 2, 3, 5, 15, int(rng.integers(1, 65))]))
     V = int(rng.choice([1, 2, 3, 8, 31, 32, 33, int(rng.integers(1, 70))]))
-    B = int(rng.integers(1, 32))
+    B = int(rng.integers(1, 64))
     kind = rng.integers(0, 6)
     if kind == 0:       # drafter-like
         raw = rng.normal(-2, 1.5, (K, V)).astype(F32)
@@ -187,7 +218,7 @@ def assert_matches_reference(top_logp: np.ndarray, top_ids: np.ndarray, budget: 
     for name in ("parent", "depth", "token", "rank", "first_child", "next_sibling"):
         assert np.array_equal(got[name], want[name][0]), name
     assert np.array_equal(got["logw"].view(np.uint32), want["logw"][0].view(np.uint32)), "logw bits"
-    assert np.array_equal(got["mask"].astype(np.uint32), want["mask"][0][:, 0]), "mask"
+    assert np.array_equal(got["mask"].astype(np.uint32), want["mask"][0]), "mask"
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -197,7 +228,7 @@ def test_small_path_matches_reference_on_random_inputs(seed):
         assert_matches_reference(*random_case(rng))
 
 
-@pytest.mark.parametrize("budget", [1, 2, 15, 16, 30, 31])
+@pytest.mark.parametrize("budget", [1, 2, 15, 16, 30, 31, 32, 33, 47, 62, 63])
 @pytest.mark.parametrize("rows", ["one_rank", "all_tied", "masked_tail", "greedy_chain", "deepest"])
 def test_small_path_matches_reference_on_edge_rows(budget, rows):
     if rows == "one_rank":          # V = 1: a single chain

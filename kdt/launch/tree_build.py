@@ -101,7 +101,7 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     elif layout.pool:
         name, path = f"{PREFIX}p{layout.slots_per_lane}_select", "select where every log-prob <= 0, else serial"
     else:
-        name, path = f"{PREFIX}p{layout.slots_per_lane}", "small" if layout.slots_per_lane == 1 else "serial"
+        name, path = f"{PREFIX}p{layout.slots_per_lane}", "small" if layout.slots_per_lane <= 2 else "serial"
     launch = KernelLaunch(name, (groups, 1, 1), target.constant(PREFIX + "threads"),
                           ("top_logp", "top_ids", np.int32(depth), np.int32(fanout), np.int32(budget),
                            np.int32(layout.staged), np.int32(layout.pool), np.int32(layout.ranked), *OUTPUTS),

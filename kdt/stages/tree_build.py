@@ -171,30 +171,39 @@ def check_layout(shapes, dtypes, params) -> None:
         raise BadInput("top_logp", "at least one request (G >= 1)", groups)
 
 
-def bench_shapes(quick: bool, wide: bool = False):
+def _bench_shape(groups: int, depth: int, fanout: int, budget: int):
+    """G requests of drafter-like [K, V] log-probs (seeded by the budget), built with budget B."""
     from kdt.bench import BenchShape, upload_host
 
-    def shape(groups, depth, fanout, budget):
-        def make(cp):
-            lp, ids = drafter_topk(np.random.default_rng(budget), groups, depth, fanout)
-            return upload_host(cp, {"top_logp": lp, "top_ids": ids})
+    def make(cp):
+        lp, ids = drafter_topk(np.random.default_rng(budget), groups, depth, fanout)
+        return upload_host(cp, {"top_logp": lp, "top_ids": ids})
 
-        slots = budget + 1
-        moved = groups * depth * fanout * 8 + groups * slots * (8 * 4 + reference.mask_words(slots) * 4) + groups * 4
-        layout = {"top_logp": ((groups, depth, fanout), "float32"), "top_ids": ((groups, depth, fanout), "int32")}
-        return BenchShape(f"G{groups}_K{depth}_V{fanout}_B{budget}", make, {"budget": budget}, layout, moved,
-                          size=budget, size_label="budget B")
+    slots = budget + 1
+    moved = groups * depth * fanout * 8 + groups * slots * (8 * 4 + reference.mask_words(slots) * 4) + groups * 4
+    layout = {"top_logp": ((groups, depth, fanout), "float32"), "top_ids": ((groups, depth, fanout), "int32")}
+    return BenchShape(f"G{groups}_K{depth}_V{fanout}_B{budget}", make, {"budget": budget}, layout, moved,
+                      size=budget, size_label="budget B")
 
+
+def bench_shapes(quick: bool, wide: bool = False):
     if wide:  # DDTree's own fan-out (issue 20): V up to the budget, B = V and B = 1023
         if quick:
-            return [shape(64, 3, 255, 255), shape(64, 7, 1024, 1023)]
-        return [shape(groups, 7, fanout, budget) for groups in (1, 8, 64) for fanout in (64, 256, 1024)
+            return [_bench_shape(64, 3, 255, 255), _bench_shape(64, 7, 1024, 1023)]
+        return [_bench_shape(groups, 7, fanout, budget) for groups in (1, 8, 64) for fanout in (64, 256, 1024)
                 for budget in sorted({min(fanout, 1023), 1023})]
     budgets = (16, 255) if quick else (16, 32, 64, 128, 255, 512, 1023)
-    shapes = [shape(64, 15, 8, budget) for budget in budgets]
+    shapes = [_bench_shape(64, 15, 8, budget) for budget in budgets]
     if not quick:
-        shapes += [shape(64, 3, 255, 255), shape(64, 7, 1024, 1023)]
+        shapes += [_bench_shape(64, 3, 255, 255), _bench_shape(64, 7, 1024, 1023)]
     return shapes
+
+
+def tp8_bench_shapes(quick: bool):
+    """`--set tp8`: the deployment's small batches (issue 17): G in {1, 8}, B in {15, 31, 32, 48, 63} at K = 15,
+    V = 8, where a step's latency is the product (target <= 6 us; --quick: B = 63 at both G)."""
+    budgets = (63,) if quick else (15, 31, 32, 48, 63)
+    return [_bench_shape(groups, 15, 8, budget) for groups in (1, 8) for budget in budgets]
 
 
 def wide_bench_shapes(quick: bool):
@@ -219,5 +228,5 @@ SPEC = StageSpec(
     random_case=random_case,
     shrink=shrink_case,
     bench_shapes=bench_shapes,
-    bench_sets={"wide": wide_bench_shapes},
+    bench_sets={"wide": wide_bench_shapes, "tp8": tp8_bench_shapes},
 )

@@ -1,6 +1,6 @@
 // kernels/tree_build/serial.cuh -- tree_build_body, what every kdt_tree_build_* entry point runs, and in it the
 // serial path: warp 0's best-first loop, one node per step, for every request the small and select paths do not
-// take. The body carves the dynamic shared memory, hands p1 requests without a pool to small_build, stages the
+// take. The body carves the dynamic shared memory, hands p1 / p2 requests without a pool to small_build, stages the
 // log-probs, tries select_build (_select entries), runs the loop otherwise, then the finalize (finalize.cuh).
 // See plans/kernels/tree-build.md, "Serial path" and "Paths and entry points".
 #pragma once
@@ -72,11 +72,11 @@ __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_lo
     const float* const glp = top_logp + (size_t)g * K * V;
     const int* const gid = top_ids + (size_t)g * K * V;
 
-    // ---- small path: N <= 32 and the serial loop (no select pool offered) ----
-    if constexpr (NPL == 1 && !kPartialLp) {
+    // ---- small path: N <= 64 and the serial loop (no select pool offered) ----
+    if constexpr (NPL <= 2 && !kPartialLp) {
         if (cap == 0) {
-            small_build(glp, gid, K, V, B, Vs, smem_raw, n_nodes, out_parent, out_depth, out_token, out_rank,
-                        out_logw, out_first_child, out_next_sibling, out_mask);
+            small_build<NPL>(glp, gid, K, V, B, Vs, smem_raw, n_nodes, out_parent, out_depth, out_token, out_rank,
+                             out_logw, out_first_child, out_next_sibling, out_mask);
             return;
         }
     }

@@ -1,25 +1,101 @@
-// kernels/tree_build/small.cuh -- the small path: kdt_tree_build_p1 without a select pool (B <= 31). Warp 0 runs
-// the best-first loop with one slot per lane, software-pipelined (the previous step's bookkeeping inside the
-// next step's REDUX latency), and writes every output itself. See plans/kernels/tree-build.md, "Small path".
+// kernels/tree_build/small.cuh -- the small path: kdt_tree_build_p1 and _p2 without a select pool (B <= 63). Warp 0
+// runs the best-first loop with one or two slots per lane, software-pipelined (the previous step's bookkeeping
+// inside the next step's REDUX latency), and writes every output itself. See plans/kernels/tree-build.md, "Small
+// path".
 #pragma once
 
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "tree_build/layout.cuh"
 #include "tree_build/stage.cuh"
 
 namespace {
 
-// The small path builds N = B + 1 <= 32 slots, one per lane of warp 0 (slot q on lane q, so lane order is slot
-// order), with one mask word per row; warp 0 runs the loop and the finalize alone, with no block barrier after
-// the staging. See plans/kernels/tree-build.md, "Small path", for the algorithm and the chain it shortens.
-constexpr int kSmallMaxSlots = 32;
-// Its shared memory, inside the p1 layout (P = 32): lp1[d] = top_logp[g, d, 1] (-inf for d >= K or V == 1) in
-// the bytes of ent and logw, which it does not use; fc where the serial loop keeps it; lp0 in the layout's
-// header; lp and ids in region x.
-static_assert(4 * kLp0Len <= off_last(kSmallMaxSlots), "small path: lp1 must fit in ent and logw of P = 32");
+// The small path builds N = B + 1 <= 32 * SETS slots with the best-first loop in warp 0, SETS (1 or 2) slots per
+// lane: slot q on lane q % 32 of set q / 32, so "smallest slot" is "set 0's lowest lane, else set 1's". Warp 0 runs
+// the loop and the finalize alone, with no block barrier after the staging. See plans/kernels/tree-build.md,
+// "Small path", for the algorithm and the chain it shortens.
+// Its shared memory, inside the p{SETS} layout (P = 32 * SETS): lp1[d] = top_logp[g, d, 1] (-inf for d >= K or
+// V == 1) in the bytes of ent and logw, which it does not use; fc where the serial loop keeps it; lp0 in the
+// layout's header; lp and ids in region x; with two sets, the finalize's per-parent records in `last` and `rec`.
+static_assert(4 * kLp0Len <= off_last(32), "small path: lp1 must fit in ent and logw of P = 32");
 constexpr int kSmallUnroll = 4;     // steps per basic block of the loop
 
+// The ancestor bits of a slot: one word per row for one set, two for two.
+template <int SETS>
+using SmallMask = typename std::conditional<SETS == 1, uint32_t, unsigned long long>::type;
+
+// The finalize (warp 0), SETS slots per lane: taken slots are 1..n, those born with a depth >= 1. Siblings (same
+// parent) are taken in rank order, so among them: rank = the number of smaller slots, the first child is the
+// smallest slot, the next sibling the next larger slot. Within a set __match_any_sync finds them; with two sets,
+// a set-1 slot's siblings in set 0 all come before it (their count and set 1's first child per parent pass
+// through shared memory). Unborn slots get distinct non-parent values so that they match nobody.
+template <int SETS>
+__device__ __forceinline__ void small_finalize(const int (&D)[SETS], const int (&par)[SETS], const float (&L)[SETS],
+                                               const SmallMask<SETS> (&mask)[SETS], uint32_t lanes_below, int g,
+                                               int N, int Vs, const int* ids_s, unsigned char* smem_raw,
+                                               int* __restrict__ n_nodes, int* __restrict__ out_parent,
+                                               int* __restrict__ out_depth, int* __restrict__ out_token,
+                                               int* __restrict__ out_rank, float* __restrict__ out_logw,
+                                               int* __restrict__ out_first_child, int* __restrict__ out_next_sibling,
+                                               uint32_t* __restrict__ out_mask) {
+    constexpr int P = 32 * SETS;
+    int* const fc_s = reinterpret_cast<int*>(smem_raw + off_fc(P));
+    const int lane = (int)(threadIdx.x & 31u);
+    bool born[SETS];
+    int rnk[SETS], next[SETS], n = 0;
+    uint32_t sib[SETS];
+#pragma unroll
+    for (int k = 0; k < SETS; ++k) {
+        born[k] = D[k] > 0;
+        n += __popc(__ballot_sync(kFull, born[k]));
+        sib[k] = __match_any_sync(kFull, born[k] ? par[k] : -2 - (32 * k + lane));
+        rnk[k] = __popc(sib[k] & lanes_below);
+        const uint32_t later = sib[k] & ~(lanes_below | (1u << lane));
+        next[k] = (born[k] && later != 0u) ? 32 * k + __ffs((int)later) - 1 : -1;
+    }
+    if (born[0] && rnk[0] == 0) fc_s[par[0]] = lane;
+    if constexpr (SETS == 2) {
+        int* const count0 = reinterpret_cast<int*>(smem_raw + off_last(P));   // per parent: its children in set 0
+        int* const first1 = reinterpret_cast<int*>(smem_raw + off_rec(P));    // per parent: its first in set 1
+        count0[lane] = count0[32 + lane] = 0;
+        first1[lane] = first1[32 + lane] = -1;
+        __syncwarp();
+        if (born[0] && rnk[0] == 0) count0[par[0]] = __popc(sib[0]);
+        if (born[1] && rnk[1] == 0) first1[par[1]] = 32 + lane;
+        __syncwarp();
+        const int before = born[1] ? count0[par[1]] : 0;
+        if (born[1] && rnk[1] == 0 && before == 0) fc_s[par[1]] = 32 + lane;
+        rnk[1] += before;
+        if (born[0] && next[0] < 0) next[0] = first1[par[0]];
+    }
+    __syncwarp();
+    const int W = SETS == 1 ? 1 : (N + 31) >> 5;   // mask words per row
+#pragma unroll
+    for (int k = 0; k < SETS; ++k) {
+        const int q = 32 * k + lane;
+        if (q >= N) continue;
+        const bool valid = q <= n;
+        const size_t i = (size_t)g * N + q;
+        out_parent[i] = born[k] ? par[k] : -1;
+        out_depth[i] = valid ? D[k] : -1;
+        out_token[i] = born[k] ? ids_s[(D[k] - 1) * Vs + rnk[k]] : -1;
+        out_rank[i] = born[k] ? rnk[k] : -1;
+        out_logw[i] = valid ? L[k] : -INFINITY;
+        out_first_child[i] = fc_s[q];
+        out_next_sibling[i] = next[k];
+#pragma unroll
+        for (int w = 0; w < SETS; ++w)   // W <= SETS: the launcher gives two sets only for N > 32
+            if (w < W)
+                out_mask[i * W + w] =
+                    valid ? static_cast<uint32_t>(static_cast<unsigned long long>(mask[k]) >> (32 * w)) : 0u;
+    }
+    if (lane == 0) n_nodes[g] = n;
+}
+
+template <int SETS>
 __device__ __forceinline__ void small_build(const float* __restrict__ glp, const int* __restrict__ gid, int K,
                                             int V, int B, int Vs, unsigned char* smem_raw,
                                             int* __restrict__ n_nodes, int* __restrict__ out_parent,
@@ -27,7 +103,9 @@ __device__ __forceinline__ void small_build(const float* __restrict__ glp, const
                                             int* __restrict__ out_rank, float* __restrict__ out_logw,
                                             int* __restrict__ out_first_child, int* __restrict__ out_next_sibling,
                                             uint32_t* __restrict__ out_mask) {
-    constexpr int P = kSmallMaxSlots;
+    static_assert(SETS == 1 || SETS == 2, "small path: one or two slots per lane");
+    using Mask = SmallMask<SETS>;
+    constexpr int P = 32 * SETS;
     float* const lp1 = reinterpret_cast<float*>(smem_raw);
     int* const fc_s = reinterpret_cast<int*>(smem_raw + off_fc(P));
     float* const lp0 = reinterpret_cast<float*>(smem_raw + off_lp0(P));
@@ -46,7 +124,7 @@ __device__ __forceinline__ void small_build(const float* __restrict__ glp, const
     if (tid >= 32) return;      // warp 0 alone from here: no barrier follows
 
     // ---- the loop (warp 0) ----
-    // Per-lane state: slot `lane` once taken (the root on lane 0) and its entry at rank rho.
+    // Per-lane state, per set k: slot 32 k + lane once taken (the root on lane 0 of set 0) and its entry at rank rho.
     //   L, D, par, mask  logw, depth, parent slot and ancestor bits of the slot
     //   key          the entry's key (0: none or dead); a newborn's joins one step late (see the note)
     //   adv          the key at rank rho + 1 (0 when rho + 1 == V): the entry after a take
@@ -54,82 +132,106 @@ __device__ __forceinline__ void small_build(const float* __restrict__ glp, const
     //   rc0, rc1     lp0[D + 1], lp1[D + 1]: ranks 0 and 1 under the node this entry would become
     //   ck, ca       that node's entry keys at ranks 0 and 1, had this entry been taken
     //   gl0, gl1     lp0[D + 2], lp1[D + 2]: that node's rc0, rc1
-    // Every lane starts with the root's values; key 0 keeps unborn lanes out of the argmax, and a lane's birth
+    // Every lane starts with the root's values; key 0 keeps unborn slots out of the argmax, and a slot's birth
     // overwrites every field that differs. Rank, first child and next sibling are derived in the finalize.
     const uint32_t lanes_below = (1u << lane) - 1u;
-    int D = 0, rho = 0, par = -1;
-    float L = 0.0f;
     const float sc0 = __fadd_rn(0.0f, lp0[0]);
-    uint32_t adv = score_key(__fadd_rn(0.0f, lp1[0]));
-    float nxt = lp_s[min(2, Vs - 1)];
-    float rc0 = lp0[1], rc1 = lp1[1], gl0 = lp0[2], gl1 = lp1[2];
-    uint32_t ck = score_key(__fadd_rn(sc0, rc0));
-    uint32_t ca = score_key(__fadd_rn(sc0, rc1));
-    uint32_t mask = 1u;
-    uint32_t key = 0u;                      // lane 0's entry (the root's) joins through c at step 1
+    int D[SETS], rho[SETS], par[SETS];
+    float L[SETS], nxt[SETS], rc0[SETS], rc1[SETS], gl0[SETS], gl1[SETS];
+    uint32_t adv[SETS], ck[SETS], ca[SETS], key[SETS];
+    Mask mask[SETS];
+    bool is_w[SETS], is_n[SETS];
+#pragma unroll
+    for (int k = 0; k < SETS; ++k) {
+        D[k] = 0, rho[k] = 0, par[k] = -1, L[k] = 0.0f;
+        adv[k] = score_key(__fadd_rn(0.0f, lp1[0]));
+        nxt[k] = lp_s[min(2, Vs - 1)];
+        rc0[k] = lp0[1], rc1[k] = lp1[1], gl0[k] = lp0[2], gl1[k] = lp1[2];
+        ck[k] = score_key(__fadd_rn(sc0, rc0[k]));
+        ca[k] = score_key(__fadd_rn(sc0, rc1[k]));
+        mask[k] = 1u;
+        key[k] = 0u;                        // the root's entry joins through c at step 1
+        is_w[k] = false;
+        is_n[k] = k == 0 && lane == 0;      // step 0 "bore" the root on lane 0: its key c joins at step 1
+    }
 
-    // The previous step's outcome, applied one step late (software pipelining, see the note): the winner
-    // flag, the newborn flag, the best key, the winner's lane and what it shuffled out.
-    bool is_w = false, is_n = true;         // step 0 "bore" the root on lane 0: its key c joins at step 1
-    uint32_t bal = 1u, m = 0u, c = score_key(sc0), a = adv, wmask = 1u;
+    // The previous step's outcome, applied one step late (software pipelining, see the note): the best key, the
+    // winner's slot and what it shuffled out.
+    uint32_t bal = 1u, m = 0u, c = score_key(sc0), a = adv[0];
+    Mask wmask = 1u;
     int wl = -1, wD = -1, sp = 0;
-    float g0 = rc0, g1 = rc1;
-    if (lane != 0) is_n = false;
+    float g0 = rc0[0], g1 = rc1[0];
 
     // Applies the outcome of step t to this lane's registers, branch-free (unchanged inputs recompute
     // unchanged values). Step 0 is the root's birth on lane 0, already in the registers.
     auto apply = [&](int t) {
-        // The winner: its entry moves to rank rho + 1 (its key already did) and its adv to rank rho + 2.
-        const uint32_t w_adv = (rho + 2 < V) ? score_key(__fadd_rn(L, nxt)) : 0u;
-        adv = is_w ? w_adv : adv;
-        rho = is_w ? rho + 1 : rho;
-        // The newborn: slot t under the winner (lane wl), depth D_w + 1, score key_score(m), entry keys c at
-        // rank 0 (it joins `key` at the next step) and a at rank 1.
-        const bool born = is_n && t > 0;
-        adv = born ? a : adv;
-        rho = born ? 0 : rho;
-        L = born ? key_score(m) : L;
-        D = born ? wD + 1 : D;
-        rc0 = born ? g0 : rc0;
-        rc1 = born ? g1 : rc1;
-        par = born ? wl : par;
-        mask = born ? (wmask | (1u << (t & 31))) : mask;
-        // What a take of the entry would hand out. key_score(0) is NaN: a dead entry's keys stay 0.
-        const float sc = key_score(is_n ? c : key);
-        ck = score_key(__fadd_rn(sc, rc0));
-        ca = score_key(__fadd_rn(sc, rc1));
-        nxt = lp_s[min(D, K - 1) * Vs + min(rho + 2, Vs - 1)];
-        gl0 = lp0[D + 2];                   // D <= K <= 64: inside lp0 / lp1's 72 entries
-        gl1 = lp1[D + 2];
+#pragma unroll
+        for (int k = 0; k < SETS; ++k) {
+            // The winner: its entry moves to rank rho + 1 (its key already did) and its adv to rank rho + 2.
+            const uint32_t w_adv = (rho[k] + 2 < V) ? score_key(__fadd_rn(L[k], nxt[k])) : 0u;
+            adv[k] = is_w[k] ? w_adv : adv[k];
+            rho[k] = is_w[k] ? rho[k] + 1 : rho[k];
+            // The newborn: slot t under the winner (slot wl), depth D_w + 1, score key_score(m), entry keys c at
+            // rank 0 (it joins `key` at the next step) and a at rank 1.
+            const bool born = is_n[k] && t > 0;
+            adv[k] = born ? a : adv[k];
+            rho[k] = born ? 0 : rho[k];
+            L[k] = born ? key_score(m) : L[k];
+            D[k] = born ? wD + 1 : D[k];
+            rc0[k] = born ? g0 : rc0[k];
+            rc1[k] = born ? g1 : rc1[k];
+            par[k] = born ? wl : par[k];
+            mask[k] = born ? (wmask | ((Mask)1u << (t & (P - 1)))) : mask[k];
+            // What a take of the entry would hand out. key_score(0) is NaN: a dead entry's keys stay 0.
+            const float sc = key_score(is_n[k] ? c : key[k]);
+            ck[k] = score_key(__fadd_rn(sc, rc0[k]));
+            ca[k] = score_key(__fadd_rn(sc, rc1[k]));
+            nxt[k] = lp_s[min(D[k], K - 1) * Vs + min(rho[k] + 2, Vs - 1)];
+            gl0[k] = lp0[D[k] + 2];         // D <= K <= 64: inside lp0 / lp1's 72 entries
+            gl1[k] = lp1[D[k] + 2];
+        }
     };
 
     // Step s: the chain REDUX -> max -> compare -> ballot -> lowest lane -> select -> the next REDUX, with the
-    // previous step's bookkeeping issued inside the REDUX's latency. The newborn of step s - 1 (lane s - 1)
-    // still holds key 0 in this REDUX: its entry c joins through the max, so the shuffle that brought c
-    // overlaps the REDUX. Steps past B are no-ops (no candidate), and so is every step after one that found
-    // no live entry (every key stays 0, and the newborn flag guards the merge).
+    // previous step's bookkeeping issued inside the REDUX's latency. The newborn of step s - 1 still holds key 0
+    // in this REDUX: its entry c joins through the max, so the shuffle that brought c overlaps the REDUX. Steps
+    // past B are no-ops (no candidate), and so is every step after one that found no live entry (every key stays
+    // 0, and the newborn flag guards the merge). With two sets, set 1 wins only where set 0 has no candidate.
     auto step = [&](int s) {
-        const uint32_t R = __reduce_max_sync(kFull, key);
+        uint32_t lane_best = key[0];
+#pragma unroll
+        for (int k = 1; k < SETS; ++k) lane_best = max(lane_best, key[k]);
+        const uint32_t R = __reduce_max_sync(kFull, lane_best);
         apply(s - 1);
-        key = is_n ? c : key;
-        const bool live = key != 0u && s <= B;
         m = max(R, c);
-        // The winner: the smallest slot (= lane) holding the best key.
-        const bool cand = live && key == m;
-        bal = __ballot_sync(kFull, cand);
-        const uint32_t taken = cand ? adv : key;     // entry (w, rho) -> (w, rho + 1), if I am the winner
+        bool cand[SETS];
+        uint32_t ballots[SETS];
+#pragma unroll
+        for (int k = 0; k < SETS; ++k) {
+            key[k] = is_n[k] ? c : key[k];
+            cand[k] = key[k] != 0u && s <= B && key[k] == m;
+            ballots[k] = __ballot_sync(kFull, cand[k]);
+        }
+        const int win = SETS == 2 && ballots[0] == 0u ? 1 : 0;   // the set of the smallest slot holding m
+        bal = win ? ballots[SETS - 1] : ballots[0];
         const bool lower = (bal & lanes_below) != 0u;
-        key = lower ? key : taken;                   // the next REDUX's operand
-        is_w = cand && !lower;
-        // The winner hands the newborn (slot s, lane s) what it precomputed; applied at the next step.
-        wl = __ffs((int)bal) - 1;
-        c = __shfl_sync(kFull, ck, wl);
-        a = __shfl_sync(kFull, ca, wl);
-        g0 = __shfl_sync(kFull, gl0, wl);
-        g1 = __shfl_sync(kFull, gl1, wl);
-        wD = __shfl_sync(kFull, D, wl);
-        wmask = __shfl_sync(kFull, mask, wl);
-        is_n = lane == s && bal != 0u;
+#pragma unroll
+        for (int k = 0; k < SETS; ++k) {
+            is_w[k] = cand[k] && !lower && k == win;
+            key[k] = is_w[k] ? adv[k] : key[k];                  // entry (w, rho) -> (w, rho + 1), if I am the winner
+        }
+        // The winner hands the newborn (slot s) what it precomputed; applied at the next step.
+        const int wlane = __ffs((int)bal) - 1;
+        const bool from1 = SETS == 2 && win;
+        c = __shfl_sync(kFull, from1 ? ck[SETS - 1] : ck[0], wlane);
+        a = __shfl_sync(kFull, from1 ? ca[SETS - 1] : ca[0], wlane);
+        g0 = __shfl_sync(kFull, from1 ? gl0[SETS - 1] : gl0[0], wlane);
+        g1 = __shfl_sync(kFull, from1 ? gl1[SETS - 1] : gl1[0], wlane);
+        wD = __shfl_sync(kFull, from1 ? D[SETS - 1] : D[0], wlane);
+        wmask = __shfl_sync(kFull, from1 ? mask[SETS - 1] : mask[0], wlane);
+        wl = wlane + 32 * win;
+#pragma unroll
+        for (int k = 0; k < SETS; ++k) is_n[k] = 32 * k + lane == s && bal != 0u;
         sp = s;
     };
 
@@ -141,31 +243,8 @@ __device__ __forceinline__ void small_build(const float* __restrict__ glp, const
         if (bal == 0u) break;
     }
     apply(sp);      // the last step's outcome (a no-op if it took nothing)
-
-    // ---- finalize (warp 0): one slot per lane ----
-    // Taken slots are 1..n, lanes born with a depth >= 1. Siblings (same parent) are taken in rank order, so
-    // among them: rank = the number of smaller slots, the first child is the smallest slot, the next sibling
-    // the next larger slot. Unborn lanes get distinct non-parent values so that they match nobody.
-    const bool born = D > 0;
-    const int n = __popc(__ballot_sync(kFull, born));
-    const bool valid = lane <= n;
-    const uint32_t sib = __match_any_sync(kFull, born ? par : -2 - lane);
-    const uint32_t later = sib & ~(lanes_below | (1u << lane));
-    const int rnk = __popc(sib & lanes_below);
-    if (born && rnk == 0) fc_s[par] = lane;
-    __syncwarp();
-    if (lane < N) {
-        const size_t i = (size_t)g * N + lane;
-        out_parent[i] = born ? par : -1;
-        out_depth[i] = valid ? D : -1;
-        out_token[i] = born ? ids_s[(D - 1) * Vs + rnk] : -1;
-        out_rank[i] = born ? rnk : -1;
-        out_logw[i] = valid ? L : -INFINITY;
-        out_first_child[i] = fc_s[lane];
-        out_next_sibling[i] = (born && later != 0u) ? __ffs((int)later) - 1 : -1;
-        out_mask[i] = valid ? mask : 0u;    // W == 1
-    }
-    if (lane == 0) n_nodes[g] = n;
+    small_finalize<SETS>(D, par, L, mask, lanes_below, g, N, Vs, ids_s, smem_raw, n_nodes, out_parent, out_depth,
+                         out_token, out_rank, out_logw, out_first_child, out_next_sibling, out_mask);
 }
 
 }  // namespace
