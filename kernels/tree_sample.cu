@@ -12,11 +12,13 @@
 //
 // Entry points (clusters of ts::CLUSTER = 8 blocks of ts::THREADS = 512; a draw is the whole cluster's, each
 // block a chunk of the row: tree_sample/draw.cuh)
-//   kdt_tree_sample_slots  grid = G * N clusters, one per (request, slot): the slot's depth (tree_sample/depth.cuh),
+//   kdt_tree_sample_slots  grid = G * N clusters, one per (request, slot), two blocks per multiprocessor (one wave):
+//                          the slot's depth (tree_sample/depth.cuh, warp 0 while the other warps start the row),
 //                          then its draw at position + depth into the workspace, (token, depth) int32 [G, N, 2]
 //                          (unreachable slots: depth -1); the last cluster of a request to finish (a counter per
-//                          request, uint32 [G] after the draws, left zero) walks on those draws. Few rows (G * N
-//                          small): every draw at once, one launch.
+//                          request, uint32 [G] after the draws, left zero) walks on those draws, with no barrier
+//                          where every slot it visits was drawn at its depth. Few rows (G * N small): every draw
+//                          at once, one launch.
 //   kdt_tree_sample_walk   grid = G clusters: the walk, each slot it visits drawn on the spot, one after another:
 //                          the path for many rows, which reads only the K + 1 rows a walk visits.
 //   Graph-capturable: every per-request value is read on the device; the plan depends on shapes only.
@@ -52,19 +54,26 @@ __device__ __forceinline__ Request request(int g, const float* temperature, cons
     return {g, blockIdx.x % CLUSTER, temperature[g], top_k[g], top_p[g], seed[g], static_cast<uint64_t>(position[g])};
 }
 
+// This block's chunk of row `row` (a multiple of 8 logits: 16-byte aligned chunks), from shapes only: its L2
+// prefetch can be issued before any per-request value arrives.
 template <typename Tin>
-__device__ Draw<Tin> chunk_of(const Tin* logits, int vocab, size_t row, const Request& q) {
-    const int chunk = ((vocab + CLUSTER - 1) / CLUSTER + 7) & ~7;  // a multiple of 8: 16-byte aligned chunks
-    const int begin = min(vocab, static_cast<int>(q.rank) * chunk), end = min(vocab, begin + chunk);
-    const float inv_temperature = q.temperature > 0.f ? 1.f / q.temperature : 0.f;
-    return {logits + row * static_cast<size_t>(vocab), begin, end, inv_temperature, q.rank, 0u, 0.f};
+__device__ Draw<Tin> chunk_of(const Tin* logits, int vocab, size_t row) {
+    const uint32_t rank = blockIdx.x % CLUSTER;
+    const int chunk = ((vocab + CLUSTER - 1) / CLUSTER + 7) & ~7;
+    const int begin = min(vocab, static_cast<int>(rank) * chunk), end = min(vocab, begin + chunk);
+    return {logits + row * static_cast<size_t>(vocab), begin, end, 0.f, rank, 0u, 0.f};
+}
+
+__device__ __forceinline__ float inverse_temperature(float temperature) {
+    return temperature > 0.f ? 1.f / temperature : 0.f;
 }
 
 template <typename Tin>
 __device__ int draw_row(const Tin* logits, int vocab, size_t row, const Request& q, uint64_t position, Smem& s) {
-    Draw<Tin> d = chunk_of(logits, vocab, row, q);
+    Draw<Tin> d = chunk_of(logits, vocab, row);
     prefetch_chunk(d);
-    return draw(d, q.temperature, q.top_k, q.top_p, q.seed, position, vocab, s);
+    d.inv_temperature = inverse_temperature(q.temperature);
+    return draw(d, q.temperature, q.top_k, q.top_p, q.seed, [] {}, [&] { return position; }, vocab, s);
 }
 
 // The walk of request q.g over its slots' rows row0 .. row0 + num_slots - 1. token, first_child, next_sibling and
@@ -76,7 +85,7 @@ __device__ void walk(const Tin* logits, int vocab, size_t row0, const int* __res
                      const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
                      int max_depth, const Request& q, const int* __restrict__ drawn, int* __restrict__ accept_len,
                      int* __restrict__ accept_index, int* __restrict__ accept_tokens, Smem& s) {
-    __shared__ int next;
+    __shared__ int next, next_depth;
     const size_t out = static_cast<size_t>(q.g) * static_cast<size_t>(max_depth + 1);
     const bool writes = q.rank == 0;
     if (writes)
@@ -84,30 +93,52 @@ __device__ void walk(const Tin* logits, int vocab, size_t row0, const int* __res
             accept_index[out + i] = i == 0 ? 0 : -1;
             accept_tokens[out + i] = -1;
         }
-    int cur = 0;
-    for (int d = 0;; ++d) {
+    __syncthreads();  // before thread 0 writes over them (levels past 31 are other warps' entries)
+    // One level (thread 0): the child of cur carrying x, accepted while d < K, else x is the bonus and the walk ends
+    // (-1).
+    const auto step = [&](int cur, int d, int x) {
+        int found = -1;
+        if (d < max_depth) {
+            int child = first_child[cur];
+            for (int steps = 0; child >= 0 && child < num_slots && steps < num_slots; ++steps) {
+                if (token[child] == x) {
+                    found = child;
+                    break;
+                }
+                child = next_sibling[child];
+            }
+        }
+        if (writes) {
+            accept_tokens[out + d] = found >= 0 ? token[found] : x;
+            if (found >= 0) accept_index[out + d + 1] = found;
+            if (found < 0) accept_len[q.g] = d;
+        }
+        return found;
+    };
+    int cur = 0, d = 0;
+    if (drawn != nullptr) {
+        // Thread 0 follows the draws made at the walk's own depths without barriers; the cluster draws only from
+        // the first slot whose draw is missing or was made at another depth (a pointer structure that is not a tree).
+        if (threadIdx.x == 0) {
+            while (cur >= 0 && drawn[2 * cur + 1] == d) {
+                cur = step(cur, d, drawn[2 * cur]);
+                if (cur >= 0) ++d;
+            }
+            next = cur;
+            next_depth = d;
+        }
+        __syncthreads();
+        cur = next, d = next_depth;
+        __syncthreads();
+        // Every block of the cluster gets the same (same tree, same draws). No draw here: no block reads another's
+        // shared memory any more, and the walk ends without a cluster barrier.
+        if (cur < 0) return;
+    }
+    for (;; ++d) {
         const bool predrawn = drawn != nullptr && drawn[2 * cur + 1] == d;
         const int x = predrawn ? drawn[2 * cur]
                                : draw_row(logits, vocab, row0 + cur, q, q.position + static_cast<uint64_t>(d), s);
-        if (threadIdx.x == 0) {
-            int found = -1;
-            if (d < max_depth) {
-                int child = first_child[cur];
-                for (int steps = 0; child >= 0 && child < num_slots && steps < num_slots; ++steps) {
-                    if (token[child] == x) {
-                        found = child;
-                        break;
-                    }
-                    child = next_sibling[child];
-                }
-            }
-            if (writes) {
-                accept_tokens[out + d] = found >= 0 ? token[found] : x;
-                if (found >= 0) accept_index[out + d + 1] = found;
-                if (found < 0) accept_len[q.g] = d;
-            }
-            next = found;
-        }
+        if (threadIdx.x == 0) next = step(cur, d, x);
         __syncthreads();
         cur = next;
         __syncthreads();
@@ -118,21 +149,38 @@ __device__ void walk(const Tin* logits, int vocab, size_t row0, const int* __res
 
 // The every-slot path: this cluster's slot drawn at its depth into `drawn`; the request's last cluster to finish
 // walks on them.
+// The request's values are read here, after the prefetch and the tree's copies are issued: read before the call
+// (a reference to them) they were stored to local memory, which waited for the loads (0.8 us) before anything else.
 template <typename Tin>
 __device__ void every_slot(const Tin* logits, int vocab, const int* __restrict__ token,
                            const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
-                           int max_depth, const Request& q, int* drawn, unsigned int* finished,
+                           int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
+                           const float* __restrict__ top_p, const unsigned long long* __restrict__ seed,
+                           const long long* __restrict__ position, int* drawn, unsigned int* finished,
                            int* __restrict__ accept_len, int* __restrict__ accept_index,
                            int* __restrict__ accept_tokens, Smem& s, TreeSmem& tree) {
     __shared__ uint32_t walks;  // this cluster is its request's last: it walks
-    const size_t row0 = static_cast<size_t>(q.g) * static_cast<size_t>(num_slots);
-    const int slot = static_cast<int>(blockIdx.x / CLUSTER) - q.g * num_slots;
-    Draw<Tin> d = chunk_of(logits, vocab, row0 + slot, q);
-    prefetch_chunk(d);  // in flight while the depths are found
-    const int depth = slot_depth(token + row0, first_child + row0, next_sibling + row0, num_slots, slot, tree);
-    int x = -1;
-    if (depth <= max_depth)  // else the walk never draws here (every block of the cluster agrees: same depth)
-        x = draw(d, q.temperature, q.top_k, q.top_p, q.seed, q.position + static_cast<uint64_t>(depth), vocab, s);
+    const int g = static_cast<int>(blockIdx.x / CLUSTER) / num_slots;
+    const size_t row0 = static_cast<size_t>(g) * static_cast<size_t>(num_slots);
+    const int slot = static_cast<int>(blockIdx.x / CLUSTER) - g * num_slots;
+    Draw<Tin> d = chunk_of(logits, vocab, row0 + slot);
+    prefetch_chunk(d);
+    // the tree's rows copied while the request's values load; the depths found by warp 0 before its share of the
+    // first pass, and the draw abandoned after the first exchange where the walk cannot reach this slot (every
+    // block of the cluster agrees: same depth)
+    stage_tree_rows(token + row0, first_child + row0, next_sibling + row0, num_slots, tree);
+    const Request q = request(g, temperature, top_k, top_p, seed, position);
+    d.inv_temperature = inverse_temperature(q.temperature);
+    find_depths(num_slots, tree);  // warp 0, before its share of the first pass (the block reads them after the
+                                   // first exchange's barrier)
+    const int x = draw(
+        d, q.temperature, q.top_k, q.top_p, q.seed, [] {},
+        [&] {
+            const int depth = tree.depth[slot];
+            return depth <= max_depth ? q.position + static_cast<uint64_t>(depth) : NO_POSITION;
+        },
+        vocab, s);
+    const int depth = tree.depth[slot];
     if (q.rank == 0 && threadIdx.x == 0) {
         drawn[2 * (row0 + slot)] = x;
         drawn[2 * (row0 + slot) + 1] = depth <= max_depth ? depth : -1;
@@ -173,7 +221,10 @@ extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__
                  next_sibling + row0, num_slots, max_depth, q, nullptr, accept_len, accept_index, accept_tokens, s);
 }
 
-extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, 1)
+// Two blocks per multiprocessor (64 registers a thread): a GPC then holds twice the clusters, so that G * N draws
+// of the every-slot path start in one wave (the H200 holds 15 clusters of 8 at one block per multiprocessor: G1 N16
+// took two waves).
+extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, 2)
     kdt_tree_sample_slots(const void* __restrict__ target_logits, int bf16, int vocab, const int* __restrict__ token,
                           const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
                           int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
@@ -183,12 +234,12 @@ extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__
                           int* __restrict__ accept_tokens) {
     __shared__ ts::Smem s;
     __shared__ ts::TreeSmem tree;
-    const ts::Request q = ts::request(static_cast<int>(blockIdx.x / ts::CLUSTER) / num_slots, temperature, top_k,
-                                      top_p, seed, position);
     if (bf16)
         ts::every_slot(static_cast<const uint16_t*>(target_logits), vocab, token, first_child, next_sibling,
-                       num_slots, max_depth, q, drawn, finished, accept_len, accept_index, accept_tokens, s, tree);
+                       num_slots, max_depth, temperature, top_k, top_p, seed, position, drawn, finished, accept_len,
+                       accept_index, accept_tokens, s, tree);
     else
         ts::every_slot(static_cast<const float*>(target_logits), vocab, token, first_child, next_sibling, num_slots,
-                       max_depth, q, drawn, finished, accept_len, accept_index, accept_tokens, s, tree);
+                       max_depth, temperature, top_k, top_p, seed, position, drawn, finished, accept_len,
+                       accept_index, accept_tokens, s, tree);
 }

@@ -79,16 +79,22 @@ def test_random_cases_are_decisive():
 
 
 def test_the_drafts_lead_bench_rows_follow_the_tree():
-    # G64_N64_T1_drafts: every child's token leads its parent's row, the first child most, so walks accept drafts
+    # G64_N64_T1_drafts: every child's token leads its parent's row, the first child most, so walks accept drafts;
+    # a row without children leads with one random token
     from kdt.stages.tree_accept import drafted_tree
 
     tree = drafted_tree(np.random.default_rng(63), 2, 15, 8, 63)
-    row, token, lead = tree_sample._draft_leads(tree, np.random.default_rng(64))
+    row, token, lead = tree_sample._draft_leads(tree, np.random.default_rng(64), 1000)
     slots = tree["token"].shape[1]
-    assert len(row) == int(tree["n_nodes"].sum())   # one lead per taken node, in its parent's row
+    childless = int((~((tree["first_child"] >= 0) & (tree["first_child"] < slots))).sum())
+    assert childless > 0
+    assert len(row) == int(tree["n_nodes"].sum()) + childless   # one lead per taken node, in its parent's row
+    assert np.array_equal(np.unique(row), np.arange(2 * slots))  # every row leads somewhere
     for g, s in [(0, 0), (1, 0), (0, int(tree["first_child"][0, 0]))]:
         kids = token[row == g * slots + s]
         first = int(tree["first_child"][g, s])
         assert kids[0] == tree["token"][g, first]
         assert (np.diff(lead[row == g * slots + s]) < 0).all()   # later siblings lead less
+    leaf = int(np.flatnonzero(tree["first_child"][0] < 0)[0])
+    assert (row == leaf).sum() == 1 and 0 <= token[row == leaf][0] < 1000
     assert 14 <= lead.max() <= 16

@@ -276,7 +276,7 @@ def bench_shapes(quick: bool):
                 lead = rng.integers(0, vocab, (groups * slots, 4))
                 flat_rows[rows, lead] += 10 + 10 * rng.random((groups * slots, 4), dtype=cp.float32)
             elif rows_like == "drafts lead":
-                row, token, lead = _draft_leads(tree, np.random.default_rng(budget + 1))
+                row, token, lead = _draft_leads(tree, np.random.default_rng(budget + 1), vocab)
                 flat_rows[cp.asarray(row), cp.asarray(token)] += cp.asarray(lead)
             device["target_logits"] = device_bf16(cp, logits)
             return device
@@ -297,14 +297,20 @@ def bench_shapes(quick: bool):
     return shapes
 
 
-def _draft_leads(tree: dict, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(flat row g * N + slot, token, lead) for every child of every slot: the first child's token 14-16 above the
-    bulk, 2 less per later sibling (language_model_logits' leads, for rows made on the GPU)."""
+def _draft_leads(tree: dict, rng: np.random.Generator, vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(flat row g * N + slot, token, lead): for every child of every slot, the child's token 14-16 above the bulk
+    in its parent's row, 2 less per later sibling (language_model_logits' leads, for rows made on the GPU); a row
+    without children (a leaf, an unused slot) leads with one random token, 14-16 above, as a language model's row
+    does: a bulk-only row would make its top-p set most of the vocabulary, a row no model gives."""
     groups, slots = tree["token"].shape
     row, token, lead = [], [], []
     for g in range(groups):
         for s in range(slots):
             child, rank = int(tree["first_child"][g, s]), 0
+            if not 0 <= child < slots:
+                row.append(g * slots + s)
+                token.append(int(rng.integers(vocab)))
+                lead.append(14.0 + 2.0 * rng.random())
             while 0 <= child < slots:
                 row.append(g * slots + s)
                 token.append(int(tree["token"][g, child]))

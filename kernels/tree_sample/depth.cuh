@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 
+#include "common/ptx.cuh"
 #include "tree_sample/row.cuh"
 
 namespace ts {
@@ -22,7 +23,6 @@ struct TreeSmem {
     int way_in[SLOTS_MAX];           // 2 * (the slot pointing here) + (1: as first child), or -1; then the jumps
     int depth[SLOTS_MAX];
     int drawn[2 * SLOTS_MAX];        // (token, depth) of every slot's draw, staged for the walk
-    int not_a_tree;
 };
 
 // The least depths by min-plus relaxation, in warp 0 (its rounds at warp barriers: a round per level).
@@ -93,35 +93,55 @@ __device__ void jumped_depths(int num_slots, TreeSmem& tree) {
     }
 }
 
-// Stages the request's rows into `tree`; returns the depth of `slot` (UNREACHED when the walk cannot reach it)
-// in every thread of the block. The depths are found by warp 0 alone, its rounds at warp barriers: N <= 256 slots
-// are 8 per lane, too few to pay for 512-thread barriers.
-__device__ int slot_depth(const int* __restrict__ token, const int* __restrict__ first_child,
-                          const int* __restrict__ next_sibling, int num_slots, int slot, TreeSmem& tree) {
-    for (int i = threadIdx.x; i < num_slots; i += THREADS) {
-        tree.token[i] = token[i];
-        tree.first_child[i] = first_child[i];
-        tree.next_sibling[i] = next_sibling[i];
-        tree.way_in[i] = -1;
+// The same for N <= 32, one slot per lane: the pointers and distances jump by shuffles, in registers.
+__device__ void shuffled_depths(int num_slots, TreeSmem& tree) {
+    const int i = threadIdx.x;
+    const int way = i < num_slots ? tree.way_in[i] : -1;
+    int up = i == 0 || way < 0 ? i : way >> 1, dist = i == 0 || way < 0 ? 0 : way & 1;
+    const int rounds = num_slots > 1 ? 32 - __clz(num_slots - 1) : 0;
+    for (int round = 0; round < rounds; ++round) {
+        dist += __shfl_sync(0xffffffffu, dist, up);
+        up = __shfl_sync(0xffffffffu, up, up);
     }
-    if (threadIdx.x == 0) tree.not_a_tree = 0;
-    __syncthreads();
+    if (i < num_slots) tree.depth[i] = up == 0 ? dist : UNREACHED;
+}
+
+// The request's rows into `tree` by asynchronous copies from warp 0 (the warp that finds the depths and waits for
+// them): issued at the start of the launch, they land during the row's first pass, holding no registers.
+__device__ __forceinline__ void stage_tree_rows(const int* __restrict__ token, const int* __restrict__ first_child,
+                                                const int* __restrict__ next_sibling, int num_slots, TreeSmem& tree) {
+    if (threadIdx.x >= 32) return;
+    for (int i = threadIdx.x; i < num_slots; i += 32) {
+        kdt::cp_async4(kdt::smem_addr(&tree.token[i]), token + i);
+        kdt::cp_async4(kdt::smem_addr(&tree.first_child[i]), first_child + i);
+        kdt::cp_async4(kdt::smem_addr(&tree.next_sibling[i]), next_sibling + i);
+    }
+    kdt::cp_async_commit();
+}
+
+// Every slot's depth into tree.depth (UNREACHED where the walk cannot reach it), from the rows stage_tree_rows
+// copied, by warp 0 alone at warp barriers (no block barrier: the other warps go on with the row's first pass), the
+// block reading them after a later block barrier. Run inside the first exchange instead (after the first pass),
+// it took 2.3 us there on the H200, more than the other blocks' wait it was to hide in.
+__device__ void find_depths(int num_slots, TreeSmem& tree) {
+    if (threadIdx.x >= 32) return;
+    kdt::cp_async_wait<0>();
+    for (int i = threadIdx.x; i < num_slots; i += 32) tree.way_in[i] = -1;
+    __syncwarp();
     // the ways in: each slot claims its first child and its next sibling; a second claim, or one of the root, and
     // this is not a tree
-    for (int i = threadIdx.x; i < num_slots; i += THREADS) {
+    bool not_a_tree = false;
+    for (int i = threadIdx.x; i < num_slots; i += 32) {
         const int child = tree.first_child[i], sibling = tree.next_sibling[i];
         if (child >= 0 && child < num_slots && (child == 0 || atomicCAS(&tree.way_in[child], -1, 2 * i + 1) != -1))
-            atomicOr(&tree.not_a_tree, 1);
+            not_a_tree = true;
         if (sibling >= 0 && sibling < num_slots && (sibling == 0 || atomicCAS(&tree.way_in[sibling], -1, 2 * i) != -1))
-            atomicOr(&tree.not_a_tree, 1);
+            not_a_tree = true;
     }
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        if (tree.not_a_tree) relaxed_depths(num_slots, tree);
-        else jumped_depths(num_slots, tree);
-    }
-    __syncthreads();
-    return tree.depth[slot];
+    __syncwarp();
+    if (__any_sync(0xffffffffu, not_a_tree)) relaxed_depths(num_slots, tree);
+    else if (num_slots <= 32) shuffled_depths(num_slots, tree);
+    else jumped_depths(num_slots, tree);
 }
 
 }  // namespace ts

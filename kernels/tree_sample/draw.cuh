@@ -112,38 +112,55 @@ __device__ __forceinline__ void cluster_barrier() {
     __syncthreads();
 }
 
-__device__ __forceinline__ unsigned long long warp_max(unsigned long long v) {
+template <class Merge>
+__device__ __forceinline__ unsigned long long warp_reduce(unsigned long long v, Merge merge) {
 #pragma unroll
-    for (int d = 16; d > 0; d >>= 1) {
-        const unsigned long long o = __shfl_xor_sync(0xffffffffu, v, d);
-        v = o > v ? o : v;
-    }
+    for (int d = 16; d > 0; d >>= 1) v = merge(v, __shfl_xor_sync(0xffffffffu, v, d));
     return v;
 }
 
-// The largest v over the cluster, in every thread.
-template <typename Tin>
-__device__ unsigned long long cluster_max(unsigned long long v, Draw<Tin>& d, Smem& s) {
+__device__ __forceinline__ unsigned long long max_of(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
+
+__device__ __forceinline__ unsigned long long warp_max(unsigned long long v) { return warp_reduce(v, max_of); }
+
+// merge(v) over every thread of the cluster, in every thread: by lanes, warps, then ranks, so a merge that is
+// commutative (both lanes of a butterfly get the same value) gives every block the same result. during() runs
+// between this block's arrival at the cluster barrier and its wait: work that needs no other block (the slot's
+// depth) hidden in the exchange.
+template <typename Tin, class Merge, class During>
+__device__ unsigned long long cluster_reduce(unsigned long long v, unsigned long long identity, Merge merge,
+                                             Draw<Tin>& d, Smem& s, During&& during) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int buffer = d.round++ & 1;
-    v = warp_max(v);
+    v = warp_reduce(v, merge);
     if (lane == 0) s.warp_value[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        v = lane < WARPS ? s.warp_value[lane] : 0ull;
-        v = warp_max(v);
+        v = warp_reduce(lane < WARPS ? s.warp_value[lane] : identity, merge);
         if (lane == 0) s.pub_value[buffer] = v;
     }
-    cluster_barrier();
+    kdt::cluster_arrive_release();
+    during();
+    kdt::cluster_wait_acquire();
+    __syncthreads();  // as cluster_barrier(): racecheck orders shared memory by block barriers
     if (warp == 0) {
-        v = lane < CLUSTER ? kdt::load_from_block(&s.pub_value[buffer], lane) : 0ull;
-        v = warp_max(v);
+        v = warp_reduce(lane < CLUSTER ? kdt::load_from_block(&s.pub_value[buffer], lane) : identity, merge);
         if (lane == 0) s.warp_value[0] = v;
     }
     __syncthreads();
     v = s.warp_value[0];
     __syncthreads();
     return v;
+}
+
+// The largest v over the cluster, in every thread.
+template <typename Tin, class During>
+__device__ unsigned long long cluster_max(unsigned long long v, Draw<Tin>& d, Smem& s, During&& during) {
+    return cluster_reduce(v, 0ull, max_of, d, s, during);
+}
+template <typename Tin>
+__device__ unsigned long long cluster_max(unsigned long long v, Draw<Tin>& d, Smem& s) {
+    return cluster_max(v, d, s, [] {});
 }
 
 // 64-bit fixed-point mass added with native 32-bit shared atomics: the low word, then the high word and the carry.
@@ -479,41 +496,19 @@ __device__ MaxSum chunk_max_sum(const Draw<Tin>& d, float to_log2) {
     return t;
 }
 
-// The row's MaxSum over the cluster, the same in every thread of every block: each block's published, merged in
-// one fixed order.
-template <typename Tin>
-__device__ MaxSum cluster_max_sum(MaxSum v, float to_log2, Draw<Tin>& d, Smem& s) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int buffer = d.round++ & 1;
-    const auto warp_merged = [&](MaxSum x) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            x = merged_mass(x, {__shfl_xor_sync(0xffffffffu, x.m, o), __shfl_xor_sync(0xffffffffu, x.l, o)}, to_log2);
-        return x;
-    };
+// The row's MaxSum over the cluster, the same in every thread of every block (packed: m in the high word).
+template <typename Tin, class During>
+__device__ MaxSum cluster_max_sum(MaxSum v, float to_log2, Draw<Tin>& d, Smem& s, During&& during) {
     const auto pack = [](MaxSum x) {
         return (static_cast<unsigned long long>(__float_as_uint(x.m)) << 32) | __float_as_uint(x.l);
     };
     const auto unpack = [](unsigned long long p) {
         return MaxSum{__uint_as_float(static_cast<uint32_t>(p >> 32)), __uint_as_float(static_cast<uint32_t>(p))};
     };
-    v = warp_merged(v);
-    if (lane == 0) s.warp_value[warp] = pack(v);
-    __syncthreads();
-    if (warp == 0) {
-        v = warp_merged(lane < WARPS ? unpack(s.warp_value[lane]) : MaxSum{-__builtin_huge_valf(), 0.f});
-        if (lane == 0) s.pub_value[buffer] = pack(v);
-    }
-    cluster_barrier();
-    if (warp == 0) {
-        v = warp_merged(lane < CLUSTER ? unpack(kdt::load_from_block(&s.pub_value[buffer], lane))
-                                       : MaxSum{-__builtin_huge_valf(), 0.f});
-        if (lane == 0) s.warp_value[0] = pack(v);
-    }
-    __syncthreads();
-    v = unpack(s.warp_value[0]);
-    __syncthreads();
-    return v;
+    const auto merge = [&](unsigned long long a, unsigned long long b) {
+        return pack(merged_mass(unpack(a), unpack(b), to_log2));
+    };
+    return unpack(cluster_reduce(pack(v), pack(MaxSum{-__builtin_huge_valf(), 0.f}), merge, d, s, during));
 }
 
 // Top-p's first try (top-k off): the tokens within NEAR_NATS of the row max, where a language model's top-p set
@@ -578,15 +573,25 @@ __device__ __forceinline__ void prefetch_chunk(const Draw<Tin>& d) {
         kdt::bulk_prefetch_l2(d.row + d.begin, bytes);
 }
 
-// The token drawn from the row (every thread of every block of the cluster gets it).
-template <typename Tin>
-__device__ int draw(Draw<Tin>& d, float temperature, int top_k, float top_p, uint64_t seed, uint64_t position,
-                    int vocab, Smem& s) {
+constexpr uint64_t NO_POSITION = ~0ull;  // position_of(): this row is not drawn (a slot the walk cannot reach)
+
+// The token drawn from the row (every thread of every block of the cluster gets it), or -1 where position_of()
+// says NO_POSITION. find_position() runs in every thread inside the first exchange of the cluster (after the first
+// pass, while the block waits for the others), so work it does there costs no latency; position_of() runs after
+// that exchange's block barrier and gives the draw's position, the same in every block.
+template <typename Tin, class FindPosition, class PositionOf>
+__device__ int draw(Draw<Tin>& d, float temperature, int top_k, float top_p, uint64_t seed,
+                    FindPosition&& find_position, PositionOf&& position_of, int vocab, Smem& s) {
     const bool greedy = temperature == 0.f;
     const float inv_t = d.inv_temperature;
     const bool k_on = top_k > 0 && top_k < vocab, p_on = top_p < 1.f;
     const uint2 key = make_uint2(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-    const uint32_t pos_lo = static_cast<uint32_t>(position), pos_hi = static_cast<uint32_t>(position >> 32);
+    uint32_t pos_lo = 0u, pos_hi = 0u;
+    const auto positioned = [&] {
+        const uint64_t position = position_of();
+        pos_lo = static_cast<uint32_t>(position), pos_hi = static_cast<uint32_t>(position >> 32);
+        return position != NO_POSITION;
+    };
     float best_score;  // a lower bound of the winner's score, for the Gumbel pass's skip
     if (greedy || !(k_on || p_on)) {
         // the first token of the order (the argmax), by max of packed (key, ~id) values: the greedy draw, and
@@ -596,7 +601,8 @@ __device__ int draw(Draw<Tin>& d, float temperature, int top_k, float top_p, uin
             const unsigned long long v = live ? packed(order_key(greedy ? x : x * inv_t), t) : 0ull;
             first = v > first ? v : first;
         });
-        first = cluster_max(first, d, s);
+        first = cluster_max(first, d, s, find_position);
+        if (!positioned()) return -1;
         if (greedy) return token_of(first);
         d.z_max = kdt::ordered_float(key_of(first));
         const int t = token_of(first);
@@ -606,12 +612,14 @@ __device__ int draw(Draw<Tin>& d, float temperature, int top_k, float top_p, uin
         // with a filter only the max: z_max = (the row's largest logit) * (1 / T), as x * (1 / T) rounds
         // monotonically; the first token's score is then bounded by z_max + GUMBEL_MIN
         d.z_max = kdt::ordered_float(key_of(
-            cluster_max(static_cast<unsigned long long>(order_key(chunk_max(d) * inv_t)) << 32, d, s)));
+            cluster_max(static_cast<unsigned long long>(order_key(chunk_max(d) * inv_t)) << 32, d, s, find_position)));
+        if (!positioned()) return -1;
         best_score = d.z_max + kdt::GUMBEL_MIN;
     } else {
         // top-p alone: the max and the row's mass in one pass, then the near tokens
         const float to_log2 = inv_t * 1.4426950408889634f;
-        const MaxSum row = cluster_max_sum(chunk_max_sum(d, to_log2), to_log2, d, s);
+        const MaxSum row = cluster_max_sum(chunk_max_sum(d, to_log2), to_log2, d, s, find_position);
+        if (!positioned()) return -1;
         d.z_max = kdt::ordered_float(order_key(row.m * inv_t));
         best_score = d.z_max + kdt::GUMBEL_MIN;
         const int token = near_draw(top_p, row.l, key, pos_lo, pos_hi, d, s);
