@@ -39,17 +39,26 @@ def test_cache_key_follows_source_headers_arch_and_nvcc(tmp_path, monkeypatch):
     assert key != build.cache_key(source, "sm_90", "13.0.88")
 
 
+# The spills an entry point may have, and why; any other spill, or more than these, fails the build check.
+# kdt_tree_sample_slots runs at two blocks per SM (64 registers a thread) so that G1 N16's 16 clusters start in one
+# wave on the H200 (at one block per SM the 16th waited for the first 15: 24.9 us against 13.8 now, same run;
+# plans/kernels/tree-sample.md). Measured with nvcc 13.0: 428 bytes on sm_90 / sm_90a, 72 on sm_120.
+SPILL_STORE_BYTES_ALLOWED = {"kdt_tree_sample_slots": 512}
+
+
 @pytest.mark.nvcc
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
 @pytest.mark.parametrize("kernel", build.kernel_names())
 def test_every_kernel_compiles_without_warnings(kernel, arch):
-    """Every source under kernels/ (warnings are errors: a cubin in the cache compiled clean), with no spills, its
-    launch constants read from the cubin. The user's cache is shared with test_plans, so CI compiles each once."""
+    """Every source under kernels/ (warnings are errors: a cubin in the cache compiled clean), with no spills but
+    the allowed ones, its launch constants read from the cubin. The user's cache is shared with test_plans, so CI
+    compiles each once."""
     result = build.build(kernel, arch)
     assert result.cubin.is_file()
     assert result.resources, "ptxas reported no entry function"
-    assert all(r.spill_store_bytes == 0 for r in result.resources), result.resources
+    assert all(r.spill_store_bytes <= SPILL_STORE_BYTES_ALLOWED.get(r.function, 0) for r in result.resources), \
+        result.resources
     prefix = f"kdt_{kernel.replace('-', '_')}_"
     assert result.constants and all(name.startswith(prefix) for name in result.constants), result.constants
     again = build.build(kernel, arch)

@@ -163,10 +163,12 @@ __device__ __forceinline__ void small_build(const float* __restrict__ glp, const
     float g0 = rc0[0], g1 = rc1[0];
 
     // Applies the outcome of step t to this lane's registers, branch-free (unchanged inputs recompute
-    // unchanged values). Step 0 is the root's birth on lane 0, already in the registers.
-    auto apply = [&](int t) {
+    // unchanged values), in the first `active` sets (the others cannot have changed). Step 0 is the root's birth
+    // on lane 0, already in the registers.
+    auto apply = [&](int t, auto active) {
+        constexpr int ACTIVE = decltype(active)::value;
 #pragma unroll
-        for (int k = 0; k < SETS; ++k) {
+        for (int k = 0; k < ACTIVE; ++k) {
             // The winner: its entry moves to rank rho + 1 (its key already did) and its adv to rank rho + 2.
             const uint32_t w_adv = (rho[k] + 2 < V) ? score_key(__fadd_rn(L[k], nxt[k])) : 0u;
             adv[k] = is_w[k] ? w_adv : adv[k];
@@ -197,26 +199,29 @@ __device__ __forceinline__ void small_build(const float* __restrict__ glp, const
     // in this REDUX: its entry c joins through the max, so the shuffle that brought c overlaps the REDUX. Steps
     // past B are no-ops (no candidate), and so is every step after one that found no live entry (every key stays
     // 0, and the newborn flag guards the merge). With two sets, set 1 wins only where set 0 has no candidate.
-    auto step = [&](int s) {
+    // Steps 1-32 bear slots 1-32 under set-0 winners: set 1 holds no entry yet (slot 32's joins at step 33), so
+    // they run with active = 1 set, p1's step.
+    auto step = [&](int s, auto active) {
+        constexpr int ACTIVE = decltype(active)::value;
         uint32_t lane_best = key[0];
 #pragma unroll
-        for (int k = 1; k < SETS; ++k) lane_best = max(lane_best, key[k]);
+        for (int k = 1; k < ACTIVE; ++k) lane_best = max(lane_best, key[k]);
         const uint32_t R = __reduce_max_sync(kFull, lane_best);
-        apply(s - 1);
+        apply(s - 1, active);
         m = max(R, c);
-        bool cand[SETS];
-        uint32_t ballots[SETS];
+        bool cand[SETS] = {};
+        uint32_t ballots[SETS] = {};
 #pragma unroll
-        for (int k = 0; k < SETS; ++k) {
+        for (int k = 0; k < ACTIVE; ++k) {
             key[k] = is_n[k] ? c : key[k];
             cand[k] = key[k] != 0u && s <= B && key[k] == m;
             ballots[k] = __ballot_sync(kFull, cand[k]);
         }
-        const int win = SETS == 2 && ballots[0] == 0u ? 1 : 0;   // the set of the smallest slot holding m
+        const int win = ACTIVE == 2 && ballots[0] == 0u ? 1 : 0;   // the set of the smallest slot holding m
         bal = win ? ballots[SETS - 1] : ballots[0];
         const bool lower = (bal & lanes_below) != 0u;
 #pragma unroll
-        for (int k = 0; k < SETS; ++k) {
+        for (int k = 0; k < ACTIVE; ++k) {
             is_w[k] = cand[k] && !lower && k == win;
             key[k] = is_w[k] ? adv[k] : key[k];                  // entry (w, rho) -> (w, rho + 1), if I am the winner
         }
@@ -237,12 +242,25 @@ __device__ __forceinline__ void small_build(const float* __restrict__ glp, const
 
     // Groups of kSmallUnroll steps in one basic block, so the scheduler can start each REDUX right after the
     // select it depends on; the build stops after a group whose last step took nothing.
-    for (int s = 1; s <= B; s += kSmallUnroll) {
+    using One = std::integral_constant<int, 1>;
+    using All = std::integral_constant<int, SETS>;
+    static_assert(32 % kSmallUnroll == 0, "the phases split between groups");
+    bool more = true;
+    for (int s = 1; s <= min(B, 32); s += kSmallUnroll) {
 #pragma unroll
-        for (int u = 0; u < kSmallUnroll; ++u) step(s + u);
-        if (bal == 0u) break;
+        for (int u = 0; u < kSmallUnroll; ++u) step(s + u, One{});
+        if (bal == 0u) {
+            more = false;
+            break;
+        }
     }
-    apply(sp);      // the last step's outcome (a no-op if it took nothing)
+    if (SETS == 2 && more)
+        for (int s = 33; s <= B; s += kSmallUnroll) {
+#pragma unroll
+            for (int u = 0; u < kSmallUnroll; ++u) step(s + u, All{});
+            if (bal == 0u) break;
+        }
+    apply(sp, All{});      // the last step's outcome (a no-op if it took nothing)
     small_finalize<SETS>(D, par, L, mask, lanes_below, g, N, Vs, ids_s, smem_raw, n_nodes, out_parent, out_depth,
                          out_token, out_rank, out_logw, out_first_child, out_next_sibling, out_mask);
 }
