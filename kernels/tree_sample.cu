@@ -150,7 +150,7 @@ __device__ void walk(const Tin* logits, int vocab, size_t row0, const int* __res
 // The every-slot path: this cluster's slot drawn at its depth into `drawn`; the request's last cluster to finish
 // walks on them.
 // The request's values are read here, after the prefetch and the tree's copies are issued: read before the call
-// (a reference to them) they were stored to local memory, which waited for the loads (0.8 us) before anything else.
+// (a reference to them) they went to local memory, a store that waits for the loads before anything else.
 template <typename Tin>
 __device__ void every_slot(const Tin* logits, int vocab, const int* __restrict__ token,
                            const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
@@ -222,8 +222,7 @@ extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__
 }
 
 // Two blocks per multiprocessor (64 registers a thread): a GPC then holds twice the clusters, so that G * N draws
-// of the every-slot path start in one wave (the H200 holds 15 clusters of 8 at one block per multiprocessor: G1 N16
-// took two waves).
+// of the every-slot path start in one wave (plans/kernels/tree-sample.md, "G1 N16: where the time goes").
 extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, 2)
     kdt_tree_sample_slots(const void* __restrict__ target_logits, int bf16, int vocab, const int* __restrict__ token,
                           const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,

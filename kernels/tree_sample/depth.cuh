@@ -121,8 +121,8 @@ __device__ __forceinline__ void stage_tree_rows(const int* __restrict__ token, c
 
 // Every slot's depth into tree.depth (UNREACHED where the walk cannot reach it), from the rows stage_tree_rows
 // copied, by warp 0 alone at warp barriers (no block barrier: the other warps go on with the row's first pass), the
-// block reading them after a later block barrier. Run inside the first exchange instead (after the first pass),
-// it took 2.3 us there on the H200, more than the other blocks' wait it was to hide in.
+// block reading them after a later block barrier (before the first pass, not inside the first exchange: there they
+// cost more than the wait they were to hide in; plans/kernels/tree-sample.md).
 __device__ void find_depths(int num_slots, TreeSmem& tree) {
     if (threadIdx.x >= 32) return;
     kdt::cp_async_wait<0>();
