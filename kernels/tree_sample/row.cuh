@@ -36,13 +36,14 @@ __device__ __forceinline__ float element(const uint4& v, int k, const uint16_t*)
     return kdt::bits_to_float((k & 1) ? (word & 0xFFFF0000u) : (word << 16));
 }
 
-// pass(t, x, live) for every logit t in [begin, end) of `row`, x as float32. Trip counts are the same for every
-// thread of the block, so a pass may use warp-wide primitives: lanes past the end get live = false. 16-byte loads,
-// UNROLL of them in flight per thread, where row + begin is 16-byte aligned; the rest one logit at a time. The
-// loops over a batch are kept rolled (the batch shifts through w[0]) so that each pass is compiled twice, not
-// UNROLL x 8 times: the draw's passes then fit the instruction cache.
-template <typename Tin, class Pass>
-__device__ __forceinline__ void for_each_logit(const Tin* __restrict__ row, int begin, int end, Pass&& pass) {
+// The loop both passes below share: where row + begin is 16-byte aligned, the whole 16-byte vectors of [begin, end)
+// in batches of UNROLL loads in flight per thread, batch(first, w, vectors) for each (w[u] is vector first + u *
+// THREADS + thread, zero past `vectors`); then scalar(t, x, live) for the rest, one logit at a time. Trip counts
+// are the same for every thread of the block (`live` says whether a thread's item is real), so both may use
+// warp-wide primitives.
+template <typename Tin, class Batch, class Scalar>
+__device__ __forceinline__ void for_each_batch(const Tin* __restrict__ row, int begin, int end, Batch&& batch,
+                                               Scalar&& scalar) {
     constexpr int PER = 16 / static_cast<int>(sizeof(Tin));
     int scalar_from = begin;
     if (begin < end && (reinterpret_cast<uintptr_t>(row + begin) & 15u) == 0) {
@@ -55,6 +56,25 @@ __device__ __forceinline__ void for_each_logit(const Tin* __restrict__ row, int 
                 const int i = first + u * THREADS + static_cast<int>(threadIdx.x);
                 w[u] = i < vectors ? __ldg(vec + i) : make_uint4(0u, 0u, 0u, 0u);
             }
+            batch(first, w, vectors);
+        }
+        scalar_from = begin + vectors * PER;
+    }
+    for (int first = scalar_from; first < end; first += THREADS) {
+        const int t = first + static_cast<int>(threadIdx.x);
+        scalar(t, t < end ? to_float(row[t]) : 0.f, t < end);
+    }
+}
+
+// pass(t, x, live) for every logit t in [begin, end) of `row`, x as float32 (lanes past the end: live = false).
+// The loops over a batch are kept rolled (the batch shifts through w[0]) so that each pass is compiled twice, not
+// UNROLL x 8 times: the draw's passes then fit the instruction cache.
+template <typename Tin, class Pass>
+__device__ __forceinline__ void for_each_logit(const Tin* __restrict__ row, int begin, int end, Pass&& pass) {
+    constexpr int PER = 16 / static_cast<int>(sizeof(Tin));
+    for_each_batch(
+        row, begin, end,
+        [&](int first, uint4 (&w)[UNROLL], int vectors) {
 #pragma unroll 1
             for (int u = 0; u < UNROLL; ++u) {
                 const uint4 v = w[0];
@@ -64,46 +84,27 @@ __device__ __forceinline__ void for_each_logit(const Tin* __restrict__ row, int 
 #pragma unroll 1
                 for (int k = 0; k < PER; ++k) pass(begin + i * PER + k, element(v, k, row), i < vectors);
             }
-        }
-        scalar_from = begin + vectors * PER;
-    }
-    for (int first = scalar_from; first < end; first += THREADS) {
-        const int t = first + static_cast<int>(threadIdx.x);
-        pass(t, t < end ? to_float(row[t]) : 0.f, t < end);
-    }
+        },
+        pass);
 }
 
-// vector(t0, w) for every whole 16-byte vector of [begin, end) (logits t0 .. t0 + PER - 1, all in range), then
-// scalar(t, x, live) for the rest, one logit at a time; where row + begin is not 16-byte aligned, scalar for all.
-// Trip counts are the same for every thread of the block (`live` says whether a thread's item is real), so both may
-// use warp-wide primitives. For passes cheap enough per logit that a vector's worth of work should be one body.
+// vector(t0, w, live) for every whole 16-byte vector of [begin, end) (logits t0 .. t0 + PER - 1), then scalar(t,
+// x, live) for the rest; where row + begin is not 16-byte aligned, scalar for all. For passes cheap enough per
+// logit that a vector's worth of work should be one body.
 template <typename Tin, class Vector, class Scalar>
 __device__ __forceinline__ void for_each_vector(const Tin* __restrict__ row, int begin, int end, Vector&& vector,
                                                 Scalar&& scalar) {
     constexpr int PER = 16 / static_cast<int>(sizeof(Tin));
-    int scalar_from = begin;
-    if (begin < end && (reinterpret_cast<uintptr_t>(row + begin) & 15u) == 0) {
-        const int vectors = (end - begin) / PER;
-        const uint4* vec = reinterpret_cast<const uint4*>(row + begin);
-        for (int first = 0; first < vectors; first += THREADS * UNROLL) {
-            uint4 w[UNROLL];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int i = first + u * THREADS + static_cast<int>(threadIdx.x);
-                w[u] = i < vectors ? __ldg(vec + i) : make_uint4(0u, 0u, 0u, 0u);
-            }
+    for_each_batch(
+        row, begin, end,
+        [&](int first, uint4 (&w)[UNROLL], int vectors) {
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 const int i = first + u * THREADS + static_cast<int>(threadIdx.x);
                 vector(begin + i * PER, w[u], i < vectors);
             }
-        }
-        scalar_from = begin + vectors * PER;
-    }
-    for (int first = scalar_from; first < end; first += THREADS) {
-        const int t = first + static_cast<int>(threadIdx.x);
-        scalar(t, t < end ? to_float(row[t]) : 0.f, t < end);
-    }
+        },
+        scalar);
 }
 
 }  // namespace ts
