@@ -23,10 +23,10 @@
 //                          the path for many rows, which reads only the K + 1 rows a walk visits.
 //   Graph-capturable: every per-request value is read on the device; the plan depends on shapes only.
 //
-// Memory traffic: per draw, the row once from DRAM (the first pass: the max; with top-p alone also the row's mass),
-//   then from L2: top-p alone one pass (the tokens near the max gathered; every block cuts and draws there when
-//   they decide); otherwise 2-3 passes per filter (a histogram level, the gather of the cut bin's tokens) and the
-//   Gumbel pass.
+// Memory traffic: per draw, the row once from DRAM (the first pass: the max; with top-p alone also the row's mass
+//   and each warp's tokens near its max, sent with the max: every block cuts and draws there when they decide),
+//   then from L2: top-p alone one more pass only where a warp had more near tokens than it keeps; otherwise 2-3
+//   passes per filter (a histogram level, the gather of the cut bin's tokens) and the Gumbel pass.
 // Limits (the launcher raises beyond): 1 <= vocab < 2^31; N <= ts::SLOTS_MAX for the every-slot path.
 
 #include <stdint.h>
@@ -68,12 +68,17 @@ __device__ __forceinline__ float inverse_temperature(float temperature) {
     return temperature > 0.f ? 1.f / temperature : 0.f;
 }
 
+// round: the exchange rounds of the draws before this one since the last cluster barrier (advanced).
 template <typename Tin>
-__device__ int draw_row(const Tin* logits, int vocab, size_t row, const Request& q, uint64_t position, Smem& s) {
+__device__ int draw_row(const Tin* logits, int vocab, size_t row, const Request& q, uint64_t position,
+                        uint32_t& round, Smem& s) {
     Draw<Tin> d = chunk_of(logits, vocab, row);
     prefetch_chunk(d);
     d.inv_temperature = inverse_temperature(q.temperature);
-    return draw(d, q.temperature, q.top_k, q.top_p, q.seed, [] {}, [&] { return position; }, vocab, s);
+    d.round = round;
+    const int x = draw(d, q.temperature, q.top_k, q.top_p, q.seed, [&] { return position; }, vocab, s);
+    round = d.round;
+    return x;
 }
 
 // The walk of request q.g over its slots' rows row0 .. row0 + num_slots - 1. token, first_child, next_sibling and
@@ -134,10 +139,11 @@ __device__ void walk(const Tin* logits, int vocab, size_t row0, const int* __res
         // shared memory any more, and the walk ends without a cluster barrier.
         if (cur < 0) return;
     }
-    for (;; ++d) {
+    uint32_t round = 0;  // the draws follow one another with no cluster barrier between: their exchanges alternate
+    for (;; ++d) {        // buffers
         const bool predrawn = drawn != nullptr && drawn[2 * cur + 1] == d;
-        const int x = predrawn ? drawn[2 * cur]
-                               : draw_row(logits, vocab, row0 + cur, q, q.position + static_cast<uint64_t>(d), s);
+        const uint64_t position = q.position + static_cast<uint64_t>(d);
+        const int x = predrawn ? drawn[2 * cur] : draw_row(logits, vocab, row0 + cur, q, position, round, s);
         if (threadIdx.x == 0) next = step(cur, d, x);
         __syncthreads();
         cur = next;
@@ -149,8 +155,8 @@ __device__ void walk(const Tin* logits, int vocab, size_t row0, const int* __res
 
 // The every-slot path: this cluster's slot drawn at its depth into `drawn`; the request's last cluster to finish
 // walks on them.
-// The request's values are read here, after the prefetch and the tree's copies are issued: read before the call
-// (a reference to them) they went to local memory, a store that waits for the loads before anything else.
+// The request's values are read here, after the tree's copies are issued: read before the call (a reference to
+// them) they went to local memory, a store that waits for the loads before anything else.
 template <typename Tin>
 __device__ void every_slot(const Tin* logits, int vocab, const int* __restrict__ token,
                            const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
@@ -164,17 +170,16 @@ __device__ void every_slot(const Tin* logits, int vocab, const int* __restrict__
     const size_t row0 = static_cast<size_t>(g) * static_cast<size_t>(num_slots);
     const int slot = static_cast<int>(blockIdx.x / CLUSTER) - g * num_slots;
     Draw<Tin> d = chunk_of(logits, vocab, row0 + slot);
-    prefetch_chunk(d);
-    // the tree's rows copied while the request's values load; the depths found by warp 0 before its share of the
-    // first pass, and the draw abandoned after the first exchange where the walk cannot reach this slot (every
-    // block of the cluster agrees: same depth)
+    // No L2 prefetch of the chunk ahead of the first pass (the bulk-copy engine's, or each thread's own): either
+    // made the launch slower (plans/kernels/tree-sample.md). The depths found by warp 0 before its share of the first
+    // pass, and the draw abandoned after the first exchange where the walk cannot reach this slot (every block of the
+    // cluster agrees: same depth)
     stage_tree_rows(token + row0, first_child + row0, next_sibling + row0, num_slots, tree);
     const Request q = request(g, temperature, top_k, top_p, seed, position);
     d.inv_temperature = inverse_temperature(q.temperature);
-    find_depths(num_slots, tree);  // warp 0, before its share of the first pass (the block reads them after the
-                                   // first exchange's barrier)
+    find_depths(num_slots, tree);  // warp 0 (the block reads them after the first exchange's barrier)
     const int x = draw(
-        d, q.temperature, q.top_k, q.top_p, q.seed, [] {},
+        d, q.temperature, q.top_k, q.top_p, q.seed,
         [&] {
             const int depth = tree.depth[slot];
             return depth <= max_depth ? q.position + static_cast<uint64_t>(depth) : NO_POSITION;
@@ -184,16 +189,16 @@ __device__ void every_slot(const Tin* logits, int vocab, const int* __restrict__
     if (q.rank == 0 && threadIdx.x == 0) {
         drawn[2 * (row0 + slot)] = x;
         drawn[2 * (row0 + slot) + 1] = depth <= max_depth ? depth : -1;
-        __threadfence();  // the draw before the count: the last cluster reads every draw of its request
-        const uint32_t last = atomicAdd(finished + q.g, 1u) == static_cast<uint32_t>(num_slots) - 1u;
+        // released with the count, and the count acquires the other clusters' draws: the last reads every draw
+        const uint32_t last = kdt::global_add_acq_rel(finished + q.g, 1u) == static_cast<uint32_t>(num_slots) - 1u;
         if (last) finished[q.g] = 0u;  // the workspace's counters are left zero for the next launch
         for (uint32_t r = 0; r < CLUSTER; ++r) kdt::store_to_block(&walks, r, last);
     }
     kdt::cluster_sync();
     __syncthreads();
     if (!walks) return;  // the same in every block of the cluster
-    __threadfence();
-    // the request's draws next to its staged tree (through L2: other clusters of this launch wrote them)
+    // the request's draws next to its staged tree (through L2: other clusters of this launch wrote them; the count's
+    // acquire in rank 0 and the cluster barrier order these reads after their writes)
     for (int i = threadIdx.x; i < 2 * num_slots; i += THREADS) tree.drawn[i] = __ldcg(drawn + 2 * row0 + i);
     __syncthreads();
     walk(logits, vocab, row0, tree.token, tree.first_child, tree.next_sibling, num_slots, max_depth, q, tree.drawn,

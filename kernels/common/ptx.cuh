@@ -110,6 +110,14 @@ __device__ __forceinline__ uint32_t shared_add(uint32_t* counter, uint32_t value
                  : "=r"(old) : "r"(smem_addr(counter)), "r"(value) : "memory");
     return old;
 }
+// *counter += value at GPU scope, acquire and release: this thread's earlier writes are visible to the thread whose
+// add reads this one's result, and its later reads see what the earlier adders wrote before their adds (one
+// instruction where a fence and an add were two).
+__device__ __forceinline__ uint32_t global_add_acq_rel(uint32_t* counter, uint32_t value) {
+    uint32_t old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(counter), "r"(value) : "memory");
+    return old;
+}
 // *address += 1 when `add` (a shared-window address): one predicated reduction, so a warp's items need no branch.
 __device__ __forceinline__ void shared_add_if(uint32_t address, bool add) {
     asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %1, 0;\n\t@p red.shared.add.u32 [%0], 1;\n\t}"

@@ -3,7 +3,12 @@
 // reduce to a threshold in the draw's order (the kept set is a prefix of z descending, id ascending), found by
 // histogram levels over the cluster (0.5-nat bins below the row max, then 8-bit digits of z's key, then of the id)
 // until the bin holding the cut has at most CAP tokens, which are gathered, sorted and cut exactly; then the
-// Gumbel-max over the kept tokens, noise only where z + 17.33 can still beat the best score (exact).
+// Gumbel-max over the kept tokens, noise only where z + 17.33 can still beat the best score (exact). Top-p alone
+// first tries the tokens within NEAR_NATS of the row max, which each warp keeps in the first pass and the blocks
+// exchange with the max: one exchange decides a language model's row.
+//
+// Exchanges between the blocks alternate two buffers (Draw::round), so a block may write the next round's while
+// another still reads this one's; a walk's draws carry the round on, as no cluster barrier separates them.
 //
 // Probability mass is fixed point: q = round(exp(z - z_max) * 2^31) per token, summed in 64-bit integers (two
 // 32-bit shared-memory adds with a carry: the only native shared atomics; float adds are compare-and-swap loops),
@@ -29,6 +34,7 @@ constexpr int CAP = 1024;            // the most tokens of a cut bin gathered an
 constexpr int LEVELS = 9;            // nats, 4 digits of the key, 4 of ~id: the last leaves one token
 constexpr float MASS_ONE = 2147483648.f;  // the fixed-point mass of the row's largest z (2^31)
 constexpr float NEAR_NATS = 8.f;     // top-p's first try: the tokens within this of the row max (mass >= e^-8 each)
+constexpr int NEAR_PER_WARP = 16;    // the near tokens a warp keeps in the first pass (more: the near pass instead)
 
 struct Smem {
     // read by the other blocks of the cluster; double-buffered by exchange round (round & 1)
@@ -37,18 +43,25 @@ struct Smem {
     unsigned long long pub_value[2];
     uint32_t n_cand;                      // how many tokens this block gathered into cand
     unsigned long long cand[CAP];         // this block's gathered tokens
+    // top-p's near tokens from the first pass, published with the first exchange: per warp its largest logit (the
+    // float's bits, high word) and how many it had (low word), and the first NEAR_PER_WARP of them
+    unsigned long long near_head[2][WARPS];
+    unsigned long long near[2][WARPS][NEAR_PER_WARP];
     // this block's own
-    union {  // a level's histogram copies and a gather's sorted list are never live at once
+    union {  // a level's histogram copies and a gather's lists are never live at once
         struct {
             uint32_t count[COPIES][BINS];
             uint32_t mass_lo[COPIES][BINS], mass_hi[COPIES][BINS];
         } bins;
-        unsigned long long sorted[CAP];   // every block's gathered tokens, descending
+        struct {
+            unsigned long long merged[CAP];  // every block's gathered tokens, as gathered
+            unsigned long long sorted[CAP];  // the same, descending
+        } list;
     };
     uint32_t total_count[BINS];
     unsigned long long total_mass[BINS];
-    unsigned long long merged[CAP];       // every block's gathered tokens, as gathered
     unsigned long long warp_value[WARPS];
+    uint32_t n_merged;                    // merge_near's count
     unsigned long long decided;           // the block's result of a cut or a draw, for all its threads
     int cut_bin;                          // the scan's result: the bin holding the cut (-1: fewer than asked)
     uint32_t cut_count, before_count;
@@ -62,7 +75,8 @@ struct Draw {
     int begin, end;                       // this block's chunk
     float inv_temperature;
     uint32_t rank;                        // this block in the cluster
-    uint32_t round;                       // exchange rounds so far (the buffer of the next is round & 1)
+    uint32_t round;                       // exchange rounds so far (the buffer of the next is round & 1), carried
+                                          // from draw to draw where no cluster barrier separates them (the walk)
     float z_max;
 };
 
@@ -124,12 +138,11 @@ __device__ __forceinline__ unsigned long long max_of(unsigned long long a, unsig
 __device__ __forceinline__ unsigned long long warp_max(unsigned long long v) { return warp_reduce(v, max_of); }
 
 // merge(v) over every thread of the cluster, in every thread: by lanes, warps, then ranks, so a merge that is
-// commutative (both lanes of a butterfly get the same value) gives every block the same result. during() runs
-// between this block's arrival at the cluster barrier and its wait: work that needs no other block (the slot's
-// depth) hidden in the exchange.
-template <typename Tin, class Merge, class During>
+// commutative (both lanes of a butterfly get the same value) gives every block the same result. Each block's own
+// value stays in s.pub_value[buffer] for the others, buffer = (d.round before the call) & 1.
+template <typename Tin, class Merge>
 __device__ unsigned long long cluster_reduce(unsigned long long v, unsigned long long identity, Merge merge,
-                                             Draw<Tin>& d, Smem& s, During&& during) {
+                                             Draw<Tin>& d, Smem& s) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int buffer = d.round++ & 1;
     v = warp_reduce(v, merge);
@@ -139,10 +152,7 @@ __device__ unsigned long long cluster_reduce(unsigned long long v, unsigned long
         v = warp_reduce(lane < WARPS ? s.warp_value[lane] : identity, merge);
         if (lane == 0) s.pub_value[buffer] = v;
     }
-    kdt::cluster_arrive_release();
-    during();
-    kdt::cluster_wait_acquire();
-    __syncthreads();  // as cluster_barrier(): racecheck orders shared memory by block barriers
+    cluster_barrier();
     if (warp == 0) {
         v = warp_reduce(lane < CLUSTER ? kdt::load_from_block(&s.pub_value[buffer], lane) : identity, merge);
         if (lane == 0) s.warp_value[0] = v;
@@ -154,13 +164,9 @@ __device__ unsigned long long cluster_reduce(unsigned long long v, unsigned long
 }
 
 // The largest v over the cluster, in every thread.
-template <typename Tin, class During>
-__device__ unsigned long long cluster_max(unsigned long long v, Draw<Tin>& d, Smem& s, During&& during) {
-    return cluster_reduce(v, 0ull, max_of, d, s, during);
-}
 template <typename Tin>
 __device__ unsigned long long cluster_max(unsigned long long v, Draw<Tin>& d, Smem& s) {
-    return cluster_max(v, d, s, [] {});
+    return cluster_reduce(v, 0ull, max_of, d, s);
 }
 
 // 64-bit fixed-point mass added with native 32-bit shared atomics: the low word, then the high word and the carry.
@@ -311,7 +317,7 @@ __device__ __forceinline__ int first_reaching(const Smem& s, uint32_t n, float z
     unsigned long long running = 0;
     for (uint32_t first = 0; first < n; first += 32) {
         const uint32_t i = first + (threadIdx.x & 31);
-        const unsigned long long q = i < n ? fixed_mass(kdt::ordered_float(key_of(s.sorted[i])), z_max) : 0ull;
+        const unsigned long long q = i < n ? fixed_mass(kdt::ordered_float(key_of(s.list.sorted[i])), z_max) : 0ull;
         const unsigned long long incl = running + kdt::warp_inclusive_scan(q);
         const unsigned hits = __ballot_sync(0xffffffffu, i < n && static_cast<double>(incl) >= need);
         if (hits) return static_cast<int>(first) + __ffs(hits) - 1;
@@ -320,8 +326,19 @@ __device__ __forceinline__ int first_reaching(const Smem& s, uint32_t n, float z
     return -1;
 }
 
-// The tokens every block gathered, sorted (packed, descending) into s.sorted; returns how many, or CAP + 1 when the
-// blocks counted more than CAP in all (then nothing is sorted). Every block runs it and gets the same list: each
+// s.list.merged[0..n) sorted, descending, into s.list.sorted, by rank (the values are distinct: ids are).
+__device__ __forceinline__ void sort_merged(uint32_t n, Smem& s) {
+    for (uint32_t i = threadIdx.x; i < n; i += THREADS) {
+        const unsigned long long v = s.list.merged[i];
+        uint32_t ahead = 0;
+        for (uint32_t j = 0; j < n; ++j) ahead += s.list.merged[j] > v;
+        s.list.sorted[ahead] = v;
+    }
+    __syncthreads();
+}
+
+// The tokens every block gathered, sorted (packed, descending) into s.list.sorted; returns how many, or CAP + 1 when
+// the blocks counted more than CAP in all (then nothing is sorted). Every block runs it and gets the same list: each
 // decides for itself what rank 0 would otherwise send (no verdict round, no barrier after it). The next writes to
 // cand and n_cand come after another cluster barrier (the next exchange), so the reads here are safe.
 __device__ uint32_t gather_and_sort(Smem& s) {
@@ -339,16 +356,10 @@ __device__ uint32_t gather_and_sort(Smem& s) {
     for (uint32_t i = threadIdx.x; i < n; i += THREADS) {  // each thread one token, whichever block holds it
         uint32_t r = 0;
         while (i >= offset[r + 1]) ++r;
-        s.merged[i] = kdt::load_from_block(&s.cand[i - offset[r]], r);
+        s.list.merged[i] = kdt::load_from_block(&s.cand[i - offset[r]], r);
     }
     __syncthreads();
-    for (uint32_t i = threadIdx.x; i < n; i += THREADS) {  // rank sort: the values are distinct (ids are)
-        const unsigned long long v = s.merged[i];
-        uint32_t ahead = 0;
-        for (uint32_t j = 0; j < n; ++j) ahead += s.merged[j] > v;
-        s.sorted[ahead] = v;
-    }
-    __syncthreads();
+    sort_merged(n, s);
     return n;
 }
 
@@ -376,7 +387,7 @@ __device__ unsigned long long gather_cut(In in_set, uint32_t need_count, double 
             const int reached = first_reaching(s, n, z_max, need_mass);
             if (reached >= 0) pick = static_cast<uint32_t>(reached);
         }
-        if (threadIdx.x == 0) s.decided = n ? s.sorted[pick] : 0ull;
+        if (threadIdx.x == 0) s.decided = n ? s.list.sorted[pick] : 0ull;
     }
     __syncthreads();
     const unsigned long long threshold = s.decided;
@@ -439,7 +450,7 @@ __device__ __forceinline__ float vector_max(const uint4& w, const float*) {
 
 // The largest logit of this block's chunk.
 template <typename Tin>
-__device__ float chunk_max(const Draw<Tin>& d) {
+__device__ __forceinline__ float chunk_max(const Draw<Tin>& d) {
     float best = -__builtin_huge_valf();
     for_each_vector(
         d.row, d.begin, d.end,
@@ -450,6 +461,18 @@ __device__ float chunk_max(const Draw<Tin>& d) {
             if (live) best = fmaxf(best, x);
         });
     return best;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, d));
+    return v;
+}
+
+// Where a token of logit x can have z = x * inv_t >= z_near: x >= x_near (z_near over inv_t, less its rounding), so
+// that a whole vector can be skipped on its largest logit.
+__device__ __forceinline__ float near_logit(float z_near, float inv_t) {
+    return z_near / inv_t - (fabsf(z_near / inv_t) * 1e-5f + 1e-30f);
 }
 
 // A running maximum m of logits and the mass below it, l = sum of 2^((x - m) * to_log2) (exp(z - z_max) with
@@ -466,9 +489,17 @@ __device__ __forceinline__ MaxSum merged_mass(MaxSum a, MaxSum b, float to_log2)
 }
 
 // The chunk's largest logit and its mass in one pass (top-p alone: the row is read once for both): a running
-// maximum per thread, the sum rescaled once per vector where it moves; -inf logits hold no mass.
+// maximum per thread, the sum rescaled once per vector where it moves; -inf logits hold no mass (2^-inf = 0 once
+// the running maximum is finite: a vector of -inf only is skipped whole). In the same pass
+// top-p's near tokens: each warp keeps in s.near[buffer] its tokens within NEAR_NATS of its own largest logit so
+// far, at most NEAR_PER_WARP, and publishes that logit and how many it had in s.near_head[buffer]. A warp's largest
+// logit is at most the row's, so its list holds every token of the warp within NEAR_NATS of the row max; a warp
+// whose largest logit is further below is not read (merge_near). No block barrier: each warp goes at its own pace.
 template <typename Tin>
-__device__ MaxSum chunk_max_sum(const Draw<Tin>& d, float to_log2) {
+__device__ __forceinline__ MaxSum chunk_max_sum_near(const Draw<Tin>& d, float to_log2, int buffer, Smem& s) {
+    constexpr int PER = 16 / static_cast<int>(sizeof(Tin));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float inv_t = d.inv_temperature;
     MaxSum t{-__builtin_huge_valf(), 0.f};
     const auto raise = [&](float top) {
         if (top > t.m) {
@@ -479,26 +510,60 @@ __device__ MaxSum chunk_max_sum(const Draw<Tin>& d, float to_log2) {
     const auto add = [&](float x) {
         if (x > -__builtin_huge_valf()) t.l += kdt::ex2((x - t.m) * to_log2);
     };
-    for_each_vector(
+    float warp_top = -__builtin_huge_valf();  // the warp's largest logit so far (the same in every lane)
+    uint32_t kept = 0;                         // the warp's near tokens so far
+    const auto keep = [&](int token, float z, bool in) {
+        const unsigned lanes = __ballot_sync(0xffffffffu, in);
+        const uint32_t slot = kept + __popc(lanes & ((1u << lane) - 1u));
+        if (in && slot < NEAR_PER_WARP) s.near[buffer][warp][slot] = packed(order_key(z), token);
+        kept += __popc(lanes);
+    };
+    for_each_batch(
         d.row, d.begin, d.end,
-        [&](int, const uint4& w, bool live) {
-            if (!live) return;
-            raise(vector_max(w, d.row));
-            constexpr int PER = 16 / static_cast<int>(sizeof(Tin));
+        [&](int first, uint4 (&w)[UNROLL], int vectors) {
+            float top = -__builtin_huge_valf();
 #pragma unroll
-            for (int k = 0; k < PER; ++k) add(element(w, k, d.row));
+            for (int u = 0; u < UNROLL; ++u) {
+                const float m = vector_max(w[u], d.row);
+                if (first + u * THREADS + static_cast<int>(threadIdx.x) >= vectors || !(m > -__builtin_huge_valf()))
+                    continue;
+                top = fmaxf(top, m);
+                raise(m);
+                const float offset = t.m * to_log2;  // 2^(x * to_log2 - offset): one fused multiply-add a logit
+#pragma unroll
+                for (int k = 0; k < PER; ++k) t.l += kdt::ex2(fmaf(element(w[u], k, d.row), to_log2, -offset));
+            }
+            warp_top = fmaxf(warp_top, warp_max(top));
+            const float z_near = warp_top * inv_t - NEAR_NATS, x_near = near_logit(z_near, inv_t);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int i = first + u * THREADS + static_cast<int>(threadIdx.x);
+                const bool near = i < vectors && vector_max(w[u], d.row) >= x_near;
+                if (kept > NEAR_PER_WARP || __ballot_sync(0xffffffffu, near) == 0u) continue;
+#pragma unroll 1
+                for (int k = 0; k < PER; ++k) {
+                    const float z = element(w[u], k, d.row) * inv_t;
+                    keep(d.begin + i * PER + k, z, near && z >= z_near);
+                }
+            }
         },
-        [&](int, float x, bool live) {
-            if (!live) return;
-            raise(x);
-            add(x);
+        [&](int token, float x, bool live) {
+            if (live) {
+                raise(x);
+                add(x);
+            }
+            warp_top = fmaxf(warp_top, warp_max(live ? x : -__builtin_huge_valf()));
+            const float z = x * inv_t;
+            if (kept <= NEAR_PER_WARP) keep(token, z, live && z >= warp_top * inv_t - NEAR_NATS);
         });
+    if (lane == 0)
+        s.near_head[buffer][warp] = (static_cast<unsigned long long>(__float_as_uint(warp_top)) << 32) | kept;
     return t;
 }
 
 // The row's MaxSum over the cluster, the same in every thread of every block (packed: m in the high word).
-template <typename Tin, class During>
-__device__ MaxSum cluster_max_sum(MaxSum v, float to_log2, Draw<Tin>& d, Smem& s, During&& during) {
+template <typename Tin>
+__device__ MaxSum cluster_max_sum(MaxSum v, float to_log2, Draw<Tin>& d, Smem& s) {
     const auto pack = [](MaxSum x) {
         return (static_cast<unsigned long long>(__float_as_uint(x.m)) << 32) | __float_as_uint(x.l);
     };
@@ -508,22 +573,72 @@ __device__ MaxSum cluster_max_sum(MaxSum v, float to_log2, Draw<Tin>& d, Smem& s
     const auto merge = [&](unsigned long long a, unsigned long long b) {
         return pack(merged_mass(unpack(a), unpack(b), to_log2));
     };
-    return unpack(cluster_reduce(pack(v), pack(MaxSum{-__builtin_huge_valf(), 0.f}), merge, d, s, during));
+    return unpack(cluster_reduce(pack(v), pack(MaxSum{-__builtin_huge_valf(), 0.f}), merge, d, s));
 }
 
 // Top-p's first try (top-k off): the tokens within NEAR_NATS of the row max, where a language model's top-p set
-// lies, gathered in one pass (row_mass, the row's sum of exp(z - z_max), came with the max); every block sorts
-// them, cuts where their running mass reaches top_p of the row's and draws the Gumbel-max among the kept ones (no
-// further pass). The token, or -1 where the near tokens cannot decide (more than CAP of them, or their mass short
-// of the need): the histogram levels then.
+// lies. merge_near takes them from the lists the blocks published with the first exchange (chunk_max_sum_near);
+// where a list it needs was cut short, near_gather finds them by a second pass. Every block sorts them, and
+// near_pick cuts where their running mass reaches top_p of the row's and draws the Gumbel-max among the kept ones
+// (no further pass). Where they cannot decide (more than CAP, or their mass short of the need): the histogram
+// levels.
+
+// The near tokens from the first exchange's lists (buffer: that exchange's), sorted into s.list.sorted in every
+// block: only the lists of warps whose largest logit can reach z_near are read. How many, or CAP + 1 where such a
+// list was cut short or they are more than CAP. The lists' next writes come two exchanges later (their buffer), so
+// these reads are safe.
 template <typename Tin>
-__device__ int near_draw(float top_p, float row_mass, uint2 key, uint32_t pos_lo, uint32_t pos_hi, Draw<Tin>& d,
-                         Smem& s) {
+__device__ uint32_t merge_near(int buffer, const Draw<Tin>& d, Smem& s) {
+    __shared__ uint32_t listed[CLUSTER * WARPS];  // the length of each (block, warp) list to read; 0: not needed
+    const float z_near = d.z_max - NEAR_NATS;
+    if (threadIdx.x == 0) s.n_merged = 0u;
+    bool cut_short = false;
+    if (threadIdx.x < CLUSTER * WARPS) {  // one (block, warp) list a thread
+        const uint32_t rank = threadIdx.x / WARPS, warp = threadIdx.x % WARPS;
+        const unsigned long long head = kdt::load_from_block(&s.near_head[buffer][warp], rank);
+        const float top = __uint_as_float(static_cast<uint32_t>(head >> 32));  // the warp's largest logit
+        const uint32_t count = static_cast<uint32_t>(head);
+        const bool needed = top * d.inv_temperature >= z_near;
+        cut_short = needed && count > NEAR_PER_WARP;
+        listed[threadIdx.x] = needed ? min(count, static_cast<uint32_t>(NEAR_PER_WARP)) : 0u;
+    }
+    if (__syncthreads_or(cut_short)) return CAP + 1;
+    const uint32_t key_near = order_key(z_near);
+    constexpr int PER_THREAD = CLUSTER * WARPS * NEAR_PER_WARP / THREADS;
+    static_assert(PER_THREAD * THREADS == CLUSTER * WARPS * NEAR_PER_WARP && CLUSTER * WARPS <= THREADS, "lists");
+    unsigned long long v[PER_THREAD];
+    bool in[PER_THREAD];
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {  // all loads first: one round trip of distributed shared memory
+        const int e = k * THREADS + static_cast<int>(threadIdx.x), list = e / NEAR_PER_WARP, slot = e % NEAR_PER_WARP;
+        in[k] = static_cast<uint32_t>(slot) < listed[list];
+        v[k] = in[k] ? kdt::load_from_block(&s.near[buffer][list % WARPS][slot], static_cast<uint32_t>(list / WARPS))
+                     : 0ull;
+    }
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+        in[k] = in[k] && key_of(v[k]) >= key_near;
+        const unsigned lanes = __ballot_sync(0xffffffffu, in[k]);
+        uint32_t base = 0;
+        if ((threadIdx.x & 31) == 0 && lanes) base = atomicAdd(&s.n_merged, static_cast<uint32_t>(__popc(lanes)));
+        base = __shfl_sync(0xffffffffu, base, 0) + __popc(lanes & ((1u << (threadIdx.x & 31)) - 1u));
+        if (in[k] && base < CAP) s.list.merged[base] = v[k];
+    }
+    __syncthreads();
+    const uint32_t n = s.n_merged;
+    if (n > CAP) return CAP + 1;
+    sort_merged(n, s);
+    return n;
+}
+
+// The near tokens by a second pass over the chunk (from L2), sorted into s.list.sorted in every block: how many,
+// or CAP + 1.
+template <typename Tin>
+__device__ uint32_t near_gather(Draw<Tin>& d, Smem& s) {
     if (threadIdx.x == 0) s.n_cand = 0u;
     __syncthreads();
     const float z_max = d.z_max, inv_t = d.inv_temperature, z_near = z_max - NEAR_NATS;
-    // whole vectors below x_near (under z_near with room for x * inv_t's rounding) hold no candidate
-    const float x_near = z_near / inv_t - (fabsf(z_near / inv_t) * 1e-5f + 1e-30f);
+    const float x_near = near_logit(z_near, inv_t);  // whole vectors below it hold no candidate
     for_each_vector(
         d.row, d.begin, d.end,
         [&](int t0, const uint4& w, bool live) {
@@ -541,15 +656,22 @@ __device__ int near_draw(float top_p, float row_mass, uint2 key, uint32_t pos_lo
             append_candidate(s, t, z, live && z >= z_near);
         });
     cluster_barrier();
-    const uint32_t n = gather_and_sort(s);
+    return gather_and_sort(s);
+}
+
+// The draw among the n near tokens in s.list.sorted (row_mass: the row's sum of exp(z - z_max)): the token, or -1
+// where they cannot decide (n > CAP, or their mass short of top_p of the row's).
+template <typename Tin>
+__device__ int near_pick(uint32_t n, float top_p, float row_mass, uint2 key, uint32_t pos_lo, uint32_t pos_hi,
+                         const Draw<Tin>& d, Smem& s) {
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
         const double need = static_cast<double>(top_p) * static_cast<double>(row_mass) * MASS_ONE;
-        const int pick = n <= CAP ? first_reaching(s, n, z_max, need) : -1;
+        const int pick = n <= CAP ? first_reaching(s, n, d.z_max, need) : -1;
         unsigned long long best = 0ull;  // the Gumbel-max over the kept, sorted[0..pick]
         for (int i = lane; i <= pick; i += 32) {
-            const int t = token_of(s.sorted[i]);
-            const float z = kdt::ordered_float(key_of(s.sorted[i]));
+            const int t = token_of(s.list.sorted[i]);
+            const float z = kdt::ordered_float(key_of(s.list.sorted[i]));
             const float score = z + kdt::gumbel_of_word(word_of(noise_words(static_cast<uint32_t>(t) >> 2, pos_lo,
                                                                             pos_hi, key), t));
             const unsigned long long v = packed(order_key(score), t);
@@ -576,12 +698,11 @@ __device__ __forceinline__ void prefetch_chunk(const Draw<Tin>& d) {
 constexpr uint64_t NO_POSITION = ~0ull;  // position_of(): this row is not drawn (a slot the walk cannot reach)
 
 // The token drawn from the row (every thread of every block of the cluster gets it), or -1 where position_of()
-// says NO_POSITION. find_position() runs in every thread inside the first exchange of the cluster (after the first
-// pass, while the block waits for the others), so work it does there costs no latency; position_of() runs after
-// that exchange's block barrier and gives the draw's position, the same in every block.
-template <typename Tin, class FindPosition, class PositionOf>
-__device__ int draw(Draw<Tin>& d, float temperature, int top_k, float top_p, uint64_t seed,
-                    FindPosition&& find_position, PositionOf&& position_of, int vocab, Smem& s) {
+// says NO_POSITION. position_of() runs after the first exchange's block barrier and gives the draw's position, the
+// same in every block.
+template <typename Tin, class PositionOf>
+__device__ int draw(Draw<Tin>& d, float temperature, int top_k, float top_p, uint64_t seed, PositionOf&& position_of,
+                    int vocab, Smem& s) {
     const bool greedy = temperature == 0.f;
     const float inv_t = d.inv_temperature;
     const bool k_on = top_k > 0 && top_k < vocab, p_on = top_p < 1.f;
@@ -601,7 +722,7 @@ __device__ int draw(Draw<Tin>& d, float temperature, int top_k, float top_p, uin
             const unsigned long long v = live ? packed(order_key(greedy ? x : x * inv_t), t) : 0ull;
             first = v > first ? v : first;
         });
-        first = cluster_max(first, d, s, find_position);
+        first = cluster_max(first, d, s);
         if (!positioned()) return -1;
         if (greedy) return token_of(first);
         d.z_max = kdt::ordered_float(key_of(first));
@@ -612,17 +733,21 @@ __device__ int draw(Draw<Tin>& d, float temperature, int top_k, float top_p, uin
         // with a filter only the max: z_max = (the row's largest logit) * (1 / T), as x * (1 / T) rounds
         // monotonically; the first token's score is then bounded by z_max + GUMBEL_MIN
         d.z_max = kdt::ordered_float(key_of(
-            cluster_max(static_cast<unsigned long long>(order_key(chunk_max(d) * inv_t)) << 32, d, s, find_position)));
+            cluster_max(static_cast<unsigned long long>(order_key(chunk_max(d) * inv_t)) << 32, d, s)));
         if (!positioned()) return -1;
         best_score = d.z_max + kdt::GUMBEL_MIN;
     } else {
-        // top-p alone: the max and the row's mass in one pass, then the near tokens
+        // top-p alone: the max, the row's mass and each block's near tokens in one pass; the row's near tokens
+        // from the blocks' lists (or, where one was cut short, a second pass), cut and drawn there when they decide
         const float to_log2 = inv_t * 1.4426950408889634f;
-        const MaxSum row = cluster_max_sum(chunk_max_sum(d, to_log2), to_log2, d, s, find_position);
+        const int near_buffer = d.round & 1;  // the first exchange's
+        const MaxSum row = cluster_max_sum(chunk_max_sum_near(d, to_log2, near_buffer, s), to_log2, d, s);
         if (!positioned()) return -1;
         d.z_max = kdt::ordered_float(order_key(row.m * inv_t));
         best_score = d.z_max + kdt::GUMBEL_MIN;
-        const int token = near_draw(top_p, row.l, key, pos_lo, pos_hi, d, s);
+        uint32_t n = merge_near(near_buffer, d, s);
+        if (n > CAP) n = near_gather(d, s);
+        const int token = near_pick(n, top_p, row.l, key, pos_lo, pos_hi, d, s);
         if (token >= 0) return token;
     }
 

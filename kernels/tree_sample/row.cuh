@@ -36,8 +36,8 @@ __device__ __forceinline__ float element(const uint4& v, int k, const uint16_t*)
     return kdt::bits_to_float((k & 1) ? (word & 0xFFFF0000u) : (word << 16));
 }
 
-// The loop both passes below share: where row + begin is 16-byte aligned, the whole 16-byte vectors of [begin, end)
-// in batches of UNROLL loads in flight per thread, batch(first, w, vectors) for each (w[u] is vector first + u *
+// The loop every pass shares: where row + begin is 16-byte aligned, the whole 16-byte vectors of [begin, end) in
+// batches of UNROLL loads in flight per thread, batch(first, w, vectors) for each (w[u] is vector first + u *
 // THREADS + thread, zero past `vectors`); then scalar(t, x, live) for the rest, one logit at a time. Trip counts
 // are the same for every thread of the block (`live` says whether a thread's item is real), so both may use
 // warp-wide primitives.
