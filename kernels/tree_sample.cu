@@ -90,7 +90,6 @@ __device__ void walk(const Tin* logits, int vocab, size_t row0, const int* __res
                      const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
                      int max_depth, const Request& q, const int* __restrict__ drawn, int* __restrict__ accept_len,
                      int* __restrict__ accept_index, int* __restrict__ accept_tokens, Smem& s) {
-    __shared__ int next, next_depth;
     const size_t out = static_cast<size_t>(q.g) * static_cast<size_t>(max_depth + 1);
     const bool writes = q.rank == 0;
     if (writes)
@@ -129,11 +128,11 @@ __device__ void walk(const Tin* logits, int vocab, size_t row0, const int* __res
                 cur = step(cur, d, drawn[2 * cur]);
                 if (cur >= 0) ++d;
             }
-            next = cur;
-            next_depth = d;
+            s.next = cur;
+            s.next_depth = d;
         }
         __syncthreads();
-        cur = next, d = next_depth;
+        cur = s.next, d = s.next_depth;
         __syncthreads();
         // Every block of the cluster gets the same (same tree, same draws). No draw here: no block reads another's
         // shared memory any more, and the walk ends without a cluster barrier.
@@ -144,9 +143,9 @@ __device__ void walk(const Tin* logits, int vocab, size_t row0, const int* __res
         const bool predrawn = drawn != nullptr && drawn[2 * cur + 1] == d;
         const uint64_t position = q.position + static_cast<uint64_t>(d);
         const int x = predrawn ? drawn[2 * cur] : draw_row(logits, vocab, row0 + cur, q, position, round, s);
-        if (threadIdx.x == 0) next = step(cur, d, x);
+        if (threadIdx.x == 0) s.next = step(cur, d, x);
         __syncthreads();
-        cur = next;
+        cur = s.next;
         __syncthreads();
         if (cur < 0) break;
     }
@@ -165,7 +164,6 @@ __device__ void every_slot(const Tin* logits, int vocab, const int* __restrict__
                            const long long* __restrict__ position, int* drawn, unsigned int* finished,
                            int* __restrict__ accept_len, int* __restrict__ accept_index,
                            int* __restrict__ accept_tokens, Smem& s, TreeSmem& tree) {
-    __shared__ uint32_t walks;  // this cluster is its request's last: it walks
     const int g = static_cast<int>(blockIdx.x / CLUSTER) / num_slots;
     const size_t row0 = static_cast<size_t>(g) * static_cast<size_t>(num_slots);
     const int slot = static_cast<int>(blockIdx.x / CLUSTER) - g * num_slots;
@@ -192,11 +190,11 @@ __device__ void every_slot(const Tin* logits, int vocab, const int* __restrict__
         // released with the count, and the count acquires the other clusters' draws: the last reads every draw
         const uint32_t last = kdt::global_add_acq_rel(finished + q.g, 1u) == static_cast<uint32_t>(num_slots) - 1u;
         if (last) finished[q.g] = 0u;  // the workspace's counters are left zero for the next launch
-        for (uint32_t r = 0; r < CLUSTER; ++r) kdt::store_to_block(&walks, r, last);
+        for (uint32_t r = 0; r < CLUSTER; ++r) kdt::store_to_block(&s.walks, r, last);
     }
     kdt::cluster_sync();
     __syncthreads();
-    if (!walks) return;  // the same in every block of the cluster
+    if (!s.walks) return;  // the same in every block of the cluster
     // the request's draws next to its staged tree (through L2: other clusters of this launch wrote them; the count's
     // acquire in rank 0 and the cluster barrier order these reads after their writes)
     for (int i = threadIdx.x; i < 2 * num_slots; i += THREADS) tree.drawn[i] = __ldcg(drawn + 2 * row0 + i);

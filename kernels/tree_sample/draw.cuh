@@ -36,6 +36,8 @@ constexpr float MASS_ONE = 2147483648.f;  // the fixed-point mass of the row's l
 constexpr float NEAR_NATS = 8.f;     // top-p's first try: the tokens within this of the row max (mass >= e^-8 each)
 constexpr int NEAR_PER_WARP = 16;    // the near tokens a warp keeps in the first pass (more: the near pass instead)
 
+// All of a block's shared state (with tree_sample/depth.cuh's TreeSmem): loose __shared__ variables, one per
+// template instance, were laid out 4 bytes apart for sm_90 and sm_120 (tests/test_arches.py holds them equal).
 struct Smem {
     // read by the other blocks of the cluster; double-buffered by exchange round (round & 1)
     uint32_t pub_count[2][BINS];
@@ -62,6 +64,10 @@ struct Smem {
     unsigned long long total_mass[BINS];
     unsigned long long warp_value[WARPS];
     uint32_t n_merged;                    // merge_near's count
+    uint32_t listed[CLUSTER * WARPS];     // merge_near: the length of each (block, warp) list to read; 0: not needed
+    uint32_t offset[CLUSTER + 1];         // gather_and_sort: where each block's tokens start in merged
+    int next, next_depth;                 // the walk's next slot and depth, from thread 0
+    uint32_t walks;                       // the every-slot path: this cluster is its request's last, it walks
     unsigned long long decided;           // the block's result of a cut or a draw, for all its threads
     int cut_bin;                          // the scan's result: the bin holding the cut (-1: fewer than asked)
     uint32_t cut_count, before_count;
@@ -342,21 +348,20 @@ __device__ __forceinline__ void sort_merged(uint32_t n, Smem& s) {
 // decides for itself what rank 0 would otherwise send (no verdict round, no barrier after it). The next writes to
 // cand and n_cand come after another cluster barrier (the next exchange), so the reads here are safe.
 __device__ uint32_t gather_and_sort(Smem& s) {
-    __shared__ uint32_t offset[CLUSTER + 1];
     if (threadIdx.x < 32) {  // lane r asks rank r: one round trip of distributed shared memory, not CLUSTER
         const uint32_t lane = threadIdx.x;
         const uint32_t n = lane < CLUSTER ? min(kdt::load_from_block(&s.n_cand, lane), CAP + 1u) : 0u;
         const uint32_t through = kdt::warp_inclusive_scan(n);
-        if (lane < CLUSTER) offset[lane] = through - n;
-        if (lane == CLUSTER - 1) offset[CLUSTER] = through;
+        if (lane < CLUSTER) s.offset[lane] = through - n;
+        if (lane == CLUSTER - 1) s.offset[CLUSTER] = through;
     }
     __syncthreads();
-    const uint32_t n = offset[CLUSTER];
+    const uint32_t n = s.offset[CLUSTER];
     if (n > CAP) return CAP + 1;
     for (uint32_t i = threadIdx.x; i < n; i += THREADS) {  // each thread one token, whichever block holds it
         uint32_t r = 0;
-        while (i >= offset[r + 1]) ++r;
-        s.list.merged[i] = kdt::load_from_block(&s.cand[i - offset[r]], r);
+        while (i >= s.offset[r + 1]) ++r;
+        s.list.merged[i] = kdt::load_from_block(&s.cand[i - s.offset[r]], r);
     }
     __syncthreads();
     sort_merged(n, s);
@@ -589,7 +594,6 @@ __device__ MaxSum cluster_max_sum(MaxSum v, float to_log2, Draw<Tin>& d, Smem& s
 // these reads are safe.
 template <typename Tin>
 __device__ uint32_t merge_near(int buffer, const Draw<Tin>& d, Smem& s) {
-    __shared__ uint32_t listed[CLUSTER * WARPS];  // the length of each (block, warp) list to read; 0: not needed
     const float z_near = d.z_max - NEAR_NATS;
     if (threadIdx.x == 0) s.n_merged = 0u;
     bool cut_short = false;
@@ -600,7 +604,7 @@ __device__ uint32_t merge_near(int buffer, const Draw<Tin>& d, Smem& s) {
         const uint32_t count = static_cast<uint32_t>(head);
         const bool needed = top * d.inv_temperature >= z_near;
         cut_short = needed && count > NEAR_PER_WARP;
-        listed[threadIdx.x] = needed ? min(count, static_cast<uint32_t>(NEAR_PER_WARP)) : 0u;
+        s.listed[threadIdx.x] = needed ? min(count, static_cast<uint32_t>(NEAR_PER_WARP)) : 0u;
     }
     if (__syncthreads_or(cut_short)) return CAP + 1;
     const uint32_t key_near = order_key(z_near);
@@ -611,7 +615,7 @@ __device__ uint32_t merge_near(int buffer, const Draw<Tin>& d, Smem& s) {
 #pragma unroll
     for (int k = 0; k < PER_THREAD; ++k) {  // all loads first: one round trip of distributed shared memory
         const int e = k * THREADS + static_cast<int>(threadIdx.x), list = e / NEAR_PER_WARP, slot = e % NEAR_PER_WARP;
-        in[k] = static_cast<uint32_t>(slot) < listed[list];
+        in[k] = static_cast<uint32_t>(slot) < s.listed[list];
         v[k] = in[k] ? kdt::load_from_block(&s.near[buffer][list % WARPS][slot], static_cast<uint32_t>(list / WARPS))
                      : 0ull;
     }
