@@ -20,6 +20,8 @@ class Arch:
     code: str                       # the nvcc target (compute_XX / sm_XX)
     runs_on: tuple[str, ...]        # compute capabilities of the GPUs that run its cubins
     smem_per_block: int             # dynamic + static shared memory a block may use, bytes
+    smem_per_sm: int                # shared memory of a multiprocessor, for all its resident blocks, bytes
+    threads_per_sm: int             # resident threads of a multiprocessor
     max_cluster: int                # blocks per cluster (above 8: the non-portable opt-in)
     multiprocessors: int            # a typical GPU's, for plans made without one
     gpus: str                       # which GPUs, in words
@@ -27,15 +29,20 @@ class Arch:
     emulates: str | None = None     # the arch whose configuration this target runs elsewhere
     max_threads: int = 1024
     max_registers: int = 255
+    registers_per_sm: int = 65536
+    smem_reserved_per_block: int = 1024  # what the driver keeps of the multiprocessor's shared memory per block
 
     def nvcc_flags(self) -> list[str]:
         number = self.code.removeprefix("sm_")
         return [f"-gencode=arch=compute_{number},code=sm_{number}", *(f"-D{d}" for d in self.defines)]
 
 
-_HOPPER = dict(smem_per_block=227 * KB, max_cluster=16, multiprocessors=132, gpus="H100, H200")
-_BLACKWELL_DC = dict(smem_per_block=227 * KB, max_cluster=16, multiprocessors=148, gpus="B200")
-_BLACKWELL_RTX = dict(smem_per_block=99 * KB, max_cluster=8, multiprocessors=188,
+_HOPPER = dict(smem_per_block=227 * KB, smem_per_sm=228 * KB, threads_per_sm=2048, max_cluster=16,
+               multiprocessors=132, gpus="H100, H200")
+_BLACKWELL_DC = dict(smem_per_block=227 * KB, smem_per_sm=228 * KB, threads_per_sm=2048, max_cluster=16,
+                     multiprocessors=148, gpus="B200")
+_BLACKWELL_RTX = dict(smem_per_block=99 * KB, smem_per_sm=100 * KB, threads_per_sm=1536, max_cluster=8,
+                      multiprocessors=188,
                       gpus="RTX PRO 6000 Blackwell (188 SMs), RTX 5070 Ti (70 SMs)")
 
 ARCHES: dict[str, Arch] = {arch.name: arch for arch in (

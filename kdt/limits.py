@@ -1,9 +1,11 @@
 """Every function of a cubin held to its arch's limits (kdt/arches.py), at build time: registers and static shared
 memory from ptxas, and, through the stage's launch plans for its bench shapes (of every set), the dynamic + static
-shared memory per block, the cluster size and the threads per block each launch asks for, and whether each launch's
-arguments are the sizes of its entry point's parameters. `kdt build` fails (exit 2) with the table of what exceeded
-what, so a change that pushes an sm_120 cubin past 99 KB, into a cluster shape sm_120 refuses, or out of step with its
-launcher (an argument gained or lost), fails CI instead of the user's first launch.
+shared memory per block, the cluster size and the threads per block each launch asks for, the shared memory,
+threads and registers of the blocks a launch needs resident on one multiprocessor together, and whether each
+launch's arguments are the sizes of its entry point's parameters. `kdt build` fails (exit 2) with the table of what
+exceeded what, so a change that pushes an sm_120 cubin past 99 KB (or two blocks that must share a multiprocessor
+past its 100 KB), into a cluster shape sm_120 refuses, or out of step with its launcher (an argument gained or
+lost), fails CI instead of the user's first launch (or, for the blocks sharing one, its first slow one).
 """
 
 from __future__ import annotations
@@ -77,6 +79,16 @@ def check(result: BuildResult, plans: Iterable[tuple[str, LaunchPlan]] = ()) -> 
                  launch.dynamic_smem + static, where)
             over(launch.function, "blocks per cluster", arch.max_cluster, launch.cluster, where)
             over(launch.function, "threads per block", arch.max_threads, launch.block, where)
+            together = launch.blocks_per_sm
+            if together > 1:
+                registers = -(-resources[launch.function].registers // 8) * 8  # allocated 8 a thread at a time
+                over(launch.function, f"shared memory per multiprocessor ({together} blocks, "
+                     f"{arch.smem_reserved_per_block} B reserved each)", arch.smem_per_sm,
+                     together * (launch.dynamic_smem + static + arch.smem_reserved_per_block), where)
+                over(launch.function, f"threads per multiprocessor ({together} blocks)", arch.threads_per_sm,
+                     together * launch.block, where)
+                over(launch.function, f"registers per multiprocessor ({together} blocks)", arch.registers_per_sm,
+                     together * launch.block * registers, where)
     return sorted([*found.values(), *mismatches(result, plans)], key=lambda v: (v.kernel, v.arch, v.function, v.limit))
 
 

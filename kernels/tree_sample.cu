@@ -37,6 +37,7 @@
 extern "C" __constant__ int kdt_tree_sample_threads = ts::THREADS;  // read by kdt/launch/tree_sample.py
 extern "C" __constant__ int kdt_tree_sample_cluster = ts::CLUSTER;
 extern "C" __constant__ int kdt_tree_sample_slots_max = ts::SLOTS_MAX;
+extern "C" __constant__ int kdt_tree_sample_slots_blocks_per_sm = ts::SLOTS_BLOCKS_PER_SM;
 
 namespace ts {
 
@@ -225,8 +226,9 @@ extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__
 }
 
 // Two blocks per multiprocessor (64 registers a thread): a GPC then holds twice the clusters, so that G * N draws
-// of the every-slot path start in one wave (plans/kernels/tree-sample.md, "G1 N16: where the time goes").
-extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, 2)
+// of the every-slot path start in one wave (plans/kernels/tree-sample.md, "G1 N16: where the time goes"). The plan
+// says so (KernelLaunch.blocks_per_sm), and kdt build holds two blocks' shared memory to each arch's multiprocessor.
+extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, ts::SLOTS_BLOCKS_PER_SM)
     kdt_tree_sample_slots(const void* __restrict__ target_logits, int bf16, int vocab, const int* __restrict__ token,
                           const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
                           int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,

@@ -113,6 +113,26 @@ def test_the_limits_each_launch_is_held_to():
     assert limits.check(hopper_cubin, [("shape", dataclasses.replace(plan, launches=plan.launches[:1]))]) == []
 
 
+def test_blocks_that_must_share_a_multiprocessor_fit_it_together():
+    """A launch whose plan needs two blocks resident on one multiprocessor (tree-sample's every-slot kernel): their
+    shared memory with the driver's 1 KB each, their threads and their registers, against the arch's per-SM
+    figures; sm_120 has 100 KB and 1,536 threads where sm_90 has 228 KB and 2,048."""
+    f = build.FunctionResources("f", 60, 50_000, 0, 0, 0, ())        # 60 registers are allocated as 64
+    together = LaunchPlan("tree-sample", "every slot", (KernelLaunch("f", (128, 1, 1), 1024, (), blocks_per_sm=2),))
+    sm120 = build.BuildResult("tree-sample", "sm_120", Path("x"), True, [f], {})
+    found = {v.limit: (v.allowed, v.asked) for v in limits.check(sm120, [("shape", together)])}
+    assert found == {"threads per multiprocessor (2 blocks)": (1536, 2048),           # 2 x (50,000 + 1,024) B fit
+                     "registers per multiprocessor (2 blocks)": (65_536, 131_072)}
+    fits = dataclasses.replace(together, launches=(KernelLaunch("f", (128, 1, 1), 512, (), blocks_per_sm=2),))
+    assert limits.check(sm120, [("shape", fits)]) == []
+    wider = build.FunctionResources("f", 64, 50_600, 0, 0, 0, ())
+    over = limits.check(build.BuildResult("tree-sample", "sm_120", Path("x"), True, [wider], {}), [("shape", fits)])
+    assert [(v.limit, v.allowed, v.asked) for v in over] == [
+        ("shared memory per multiprocessor (2 blocks, 1024 B reserved each)", 102_400, 103_248)]
+    hopper = build.BuildResult("tree-sample", "sm_90a", Path("x"), True, [wider], {})
+    assert limits.check(hopper, [("shape", fits)]) == []
+
+
 def test_a_launch_whose_arguments_are_not_the_parameters():
     """An argument gained or lost between the launcher and the kernel (the driver would read past the argument array
     and the process would die), or one of another size: a violation naming both layouts, once per layout; a plan the

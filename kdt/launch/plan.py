@@ -81,6 +81,9 @@ class KernelLaunch:
     args: tuple
     dynamic_smem: int = 0
     cluster: int = 1                  # blocks per cluster (compiled into the entry point with __cluster_dims__)
+    blocks_per_sm: int = 1            # blocks the plan needs resident on one multiprocessor together (its waves
+                                      # count on them; kdt.limits holds the arch's shared memory, threads and
+                                      # registers to it)
 
     @property
     def blocks(self) -> int:
@@ -110,7 +113,7 @@ class LaunchPlan:
     def rows(self) -> list[dict]:
         """One printable dict per launch."""
         return [{"function": k.function, "grid": "x".join(map(str, k.grid)), "block": k.block,
-                 "cluster": k.cluster, "dynamic smem B": k.dynamic_smem,
+                 "cluster": k.cluster, "blocks/SM": k.blocks_per_sm, "dynamic smem B": k.dynamic_smem,
                  "args": ", ".join(_describe(arg) for arg in k.args)} for k in self.launches]
 
     def as_json(self) -> dict:
@@ -118,7 +121,8 @@ class LaunchPlan:
                 "facts": {key: value for key, value in self.facts},
                 "knobs": dataclasses.asdict(self.knobs) if self.knobs is not None else {},
                 "launches": [{"function": k.function, "grid": list(k.grid), "block": k.block, "cluster": k.cluster,
-                              "dynamic_smem": k.dynamic_smem, "args": [_describe(arg) for arg in k.args]}
+                              "blocks_per_sm": k.blocks_per_sm, "dynamic_smem": k.dynamic_smem,
+                              "args": [_describe(arg) for arg in k.args]}
                              for k in self.launches]}
 
 

@@ -55,7 +55,7 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     draws = groups * slots * 2 * 4
     launch = KernelLaunch("kdt_tree_sample_slots", (groups * slots * cluster, 1, 1), threads,
                           (*row, "token", "first_child", "next_sibling", *tree, Workspace(0), Workspace(draws),
-                           *OUTPUTS), cluster=cluster)
+                           *OUTPUTS), cluster=cluster, blocks_per_sm=target.constant(PREFIX + "slots_blocks_per_sm"))
     return LaunchPlan("tree-sample", "every slot: all reachable slots drawn at once, the last walks", (launch,),
                       workspace_bytes=draws + groups * 4, facts=facts + (("rows drawn at once", groups * slots),),
                       knobs=knobs)

@@ -14,6 +14,7 @@
 namespace ts {
 
 constexpr int SLOTS_MAX = 256;       // the every-slot path's largest N (the launcher keeps to it)
+constexpr int SLOTS_BLOCKS_PER_SM = 2;  // the every-slot kernel's blocks per multiprocessor (its register budget)
 constexpr int UNREACHED = 0x3fffffff;
 
 struct TreeSmem {
