@@ -19,7 +19,6 @@ class Arch:
     name: str                       # what kdt calls it: sm_90a, sm_120, sm_120-emu
     code: str                       # the nvcc target (compute_XX / sm_XX)
     runs_on: tuple[str, ...]        # compute capabilities of the GPUs that run its cubins
-    smem_per_block: int             # dynamic + static shared memory a block may use, bytes
     smem_per_sm: int                # shared memory of a multiprocessor, for all its resident blocks, bytes
     threads_per_sm: int             # resident threads of a multiprocessor
     max_cluster: int                # blocks per cluster (above 8: the non-portable opt-in)
@@ -32,17 +31,19 @@ class Arch:
     registers_per_sm: int = 65536
     smem_reserved_per_block: int = 1024  # what the driver keeps of the multiprocessor's shared memory per block
 
+    @property
+    def smem_per_block(self) -> int:
+        """Dynamic + static shared memory one block may use, bytes: the multiprocessor's less the driver's share."""
+        return self.smem_per_sm - self.smem_reserved_per_block
+
     def nvcc_flags(self) -> list[str]:
         number = self.code.removeprefix("sm_")
         return [f"-gencode=arch=compute_{number},code=sm_{number}", *(f"-D{d}" for d in self.defines)]
 
 
-_HOPPER = dict(smem_per_block=227 * KB, smem_per_sm=228 * KB, threads_per_sm=2048, max_cluster=16,
-               multiprocessors=132, gpus="H100, H200")
-_BLACKWELL_DC = dict(smem_per_block=227 * KB, smem_per_sm=228 * KB, threads_per_sm=2048, max_cluster=16,
-                     multiprocessors=148, gpus="B200")
-_BLACKWELL_RTX = dict(smem_per_block=99 * KB, smem_per_sm=100 * KB, threads_per_sm=1536, max_cluster=8,
-                      multiprocessors=188,
+_HOPPER = dict(smem_per_sm=228 * KB, threads_per_sm=2048, max_cluster=16, multiprocessors=132, gpus="H100, H200")
+_BLACKWELL_DC = dict(smem_per_sm=228 * KB, threads_per_sm=2048, max_cluster=16, multiprocessors=148, gpus="B200")
+_BLACKWELL_RTX = dict(smem_per_sm=100 * KB, threads_per_sm=1536, max_cluster=8, multiprocessors=188,
                       gpus="RTX PRO 6000 Blackwell (188 SMs), RTX 5070 Ti (70 SMs)")
 
 ARCHES: dict[str, Arch] = {arch.name: arch for arch in (

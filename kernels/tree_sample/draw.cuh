@@ -132,8 +132,8 @@ __device__ __forceinline__ void cluster_barrier() {
     __syncthreads();
 }
 
-template <class Merge>
-__device__ __forceinline__ unsigned long long warp_reduce(unsigned long long v, Merge merge) {
+template <typename T, class Merge>
+__device__ __forceinline__ T warp_reduce(T v, Merge merge) {
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) v = merge(v, __shfl_xor_sync(0xffffffffu, v, d));
     return v;
@@ -142,6 +142,9 @@ __device__ __forceinline__ unsigned long long warp_reduce(unsigned long long v, 
 __device__ __forceinline__ unsigned long long max_of(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
 
 __device__ __forceinline__ unsigned long long warp_max(unsigned long long v) { return warp_reduce(v, max_of); }
+__device__ __forceinline__ float warp_max(float v) {
+    return warp_reduce(v, [](float a, float b) { return fmaxf(a, b); });
+}
 
 // merge(v) over every thread of the cluster, in every thread: by lanes, warps, then ranks, so a merge that is
 // commutative (both lanes of a butterfly get the same value) gives every block the same result. Each block's own
@@ -466,12 +469,6 @@ __device__ __forceinline__ float chunk_max(const Draw<Tin>& d) {
             if (live) best = fmaxf(best, x);
         });
     return best;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, d));
-    return v;
 }
 
 // Where a token of logit x can have z = x * inv_t >= z_near: x >= x_near (z_near over inv_t, less its rounding), so
