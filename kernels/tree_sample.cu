@@ -14,11 +14,11 @@
 // block a chunk of the row: tree_sample/draw.cuh)
 //   kdt_tree_sample_slots  grid = G * N clusters, one per (request, slot), two blocks per multiprocessor (one wave):
 //                          the slot's depth (tree_sample/depth.cuh, warp 0 while the other warps start the row),
-//                          then its draw at position + depth into the workspace, (token, depth) int32 [G, N, 2]
-//                          (unreachable slots: depth -1); the last cluster of a request to finish (a counter per
-//                          request, uint32 [G] after the draws, left zero) walks on those draws, with no barrier
-//                          where every slot it visits was drawn at its depth. Few rows (G * N small): every draw
-//                          at once, one launch.
+//                          then its draw at position + depth into the workspace, a 64-bit entry per slot [G, N]
+//                          (valid bit, depth + 1, token; unreachable slots: depth -1) published without a fence;
+//                          the last cluster of a request to count (a counter per request, uint32 [G] after the
+//                          entries) polls them, leaves entries and counter zero, and walks: on a tree rank 0's warp
+//                          0 alone. Few rows (G * N small): every draw at once, one launch.
 //   kdt_tree_sample_walk   grid = G clusters: the walk, each slot it visits drawn on the spot, one after another:
 //                          the path for many rows, which reads only the K + 1 rows a walk visits.
 //   Graph-capturable: every per-request value is read on the device; the plan depends on shapes only.
@@ -153,8 +153,51 @@ __device__ void walk(const Tin* logits, int vocab, size_t row0, const int* __res
     kdt::cluster_sync();  // no block leaves while another may still read its shared memory
 }
 
-// The every-slot path: this cluster's slot drawn at its depth into `drawn`; the request's last cluster to finish
-// walks on them.
+// A slot's draw in its workspace entry: 64 bits that carry their own validity, so that no fence orders them before
+// the count (the reader polls until it sees them): the valid bit, depth + 1 (0: not drawn), the token.
+constexpr unsigned long long ENTRY_VALID = 1ull << 63;
+__device__ __forceinline__ unsigned long long entry_of(int token, int depth) {
+    return ENTRY_VALID | (static_cast<unsigned long long>(static_cast<uint32_t>(depth + 1)) << 32) |
+           static_cast<uint32_t>(token);
+}
+
+// Rank 0's warp 0: this slot's entry published and the request's count taken, the lanes reading every entry at the
+// same time. The last to count polls the entries not yet visible, stages the draws in tree.drawn (token, depth) and
+// leaves the entries and the count zero for the next launch; returns whether it was the last.
+__device__ bool publish_and_count(unsigned long long* entries, int slot, int num_slots, int x, int depth,
+                                  uint32_t* finished, TreeSmem& tree) {
+    constexpr int PER_LANE = SLOTS_MAX / 32;
+    const int lane = threadIdx.x & 31;
+    uint32_t count = 0u;
+    if (lane == 0) {
+        kdt::global_store_relaxed(entries + slot, entry_of(x, depth));
+        count = kdt::global_add_relaxed(finished, 1u);
+    }
+    unsigned long long entry[PER_LANE];
+#pragma unroll
+    for (int k = 0; k < PER_LANE; ++k) {
+        const int i = lane + 32 * k;
+        entry[k] = i < num_slots ? kdt::global_load_relaxed(entries + i) : 0ull;
+    }
+    if (__shfl_sync(0xffffffffu, count, 0) != static_cast<uint32_t>(num_slots) - 1u) return false;
+#pragma unroll
+    for (int k = 0; k < PER_LANE; ++k) {
+        const int i = lane + 32 * k;
+        if (i >= num_slots) continue;
+        while (!(entry[k] & ENTRY_VALID)) entry[k] = kdt::global_load_relaxed(entries + i);
+        tree.drawn[2 * i] = static_cast<int>(static_cast<uint32_t>(entry[k]));
+        tree.drawn[2 * i + 1] = static_cast<int>(static_cast<uint32_t>(entry[k] >> 32) & 0x7fffffffu) - 1;
+        kdt::global_store_relaxed(entries + i, 0ull);
+    }
+    if (lane == 0) *finished = 0u;
+    __syncwarp();
+    return true;
+}
+
+// The every-slot path: this cluster's slot drawn at its depth into its entry of `drawn`; the request's last cluster
+// to count walks on them: on a tree (every slot drawn at the one depth the walk can reach it with) rank 0's warp 0
+// alone, the blocks arriving at the closing cluster barrier (no block leaves while another may still read its shared
+// memory) before that; on another pointer structure the whole cluster, which may draw again.
 // The request's values are read here, after the tree's copies are issued: read before the call (a reference to
 // them) they went to local memory, a store that waits for the loads before anything else.
 template <typename Tin>
@@ -162,7 +205,7 @@ __device__ void every_slot(const Tin* logits, int vocab, const int* __restrict__
                            const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
                            int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
                            const float* __restrict__ top_p, const unsigned long long* __restrict__ seed,
-                           const long long* __restrict__ position, int* drawn, unsigned int* finished,
+                           const long long* __restrict__ position, unsigned long long* drawn, unsigned int* finished,
                            int* __restrict__ accept_len, int* __restrict__ accept_index,
                            int* __restrict__ accept_tokens, Smem& s, TreeSmem& tree) {
     const int g = static_cast<int>(blockIdx.x / CLUSTER) / num_slots;
@@ -170,9 +213,10 @@ __device__ void every_slot(const Tin* logits, int vocab, const int* __restrict__
     const int slot = static_cast<int>(blockIdx.x / CLUSTER) - g * num_slots;
     Draw<Tin> d = chunk_of(logits, vocab, row0 + slot);
     // No L2 prefetch of the chunk ahead of the first pass (the bulk-copy engine's, or each thread's own): either
-    // made the launch slower (plans/kernels/tree-sample.md). The depths found by warp 0 before its share of the first
-    // pass, and the draw abandoned after the first exchange where the walk cannot reach this slot (every block of the
-    // cluster agrees: same depth)
+    // made the launch slower (plans/kernels/tree-sample.md).
+    // The depths found by warp 0 before its share of the first pass (found after it, while warp 0 reads top-p's
+    // lists, they cost more than they hid: plans/kernels/tree-sample.md), and the draw abandoned after the first
+    // exchange where the walk cannot reach this slot (every block of the cluster agrees: same depth)
     stage_tree_rows(token + row0, first_child + row0, next_sibling + row0, num_slots, tree);
     const Request q = request(g, temperature, top_k, top_p, seed, position);
     d.inv_temperature = inverse_temperature(q.temperature);
@@ -185,20 +229,27 @@ __device__ void every_slot(const Tin* logits, int vocab, const int* __restrict__
         },
         vocab, s);
     const int depth = tree.depth[slot];
-    if (q.rank == 0 && threadIdx.x == 0) {
-        drawn[2 * (row0 + slot)] = x;
-        drawn[2 * (row0 + slot) + 1] = depth <= max_depth ? depth : -1;
-        // released with the count, and the count acquires the other clusters' draws: the last reads every draw
-        const uint32_t last = kdt::global_add_acq_rel(finished + q.g, 1u) == static_cast<uint32_t>(num_slots) - 1u;
-        if (last) finished[q.g] = 0u;  // the workspace's counters are left zero for the next launch
-        for (uint32_t r = 0; r < CLUSTER; ++r) kdt::store_to_block(&s.walks, r, last);
+    const bool is_tree = tree.is_tree;
+    if (is_tree) kdt::cluster_arrive_release();
+    bool walks = false;
+    if (q.rank == 0 && threadIdx.x < 32)
+        walks = publish_and_count(drawn + row0, slot, num_slots, x, depth <= max_depth ? depth : -1, finished + g,
+                                  tree);
+    if (is_tree) {
+        const size_t out = static_cast<size_t>(g) * static_cast<size_t>(max_depth + 1);
+        if (walks) walk_tree(num_slots, max_depth, tree, accept_len + g, accept_index + out, accept_tokens + out);
+        kdt::cluster_wait_acquire();
+        return;
     }
+    if (q.rank == 0 && threadIdx.x == 0)
+        for (uint32_t r = 0; r < CLUSTER; ++r) kdt::store_to_block(&s.walks, r, walks ? 1u : 0u);
     kdt::cluster_sync();
     __syncthreads();
     if (!s.walks) return;  // the same in every block of the cluster
-    // the request's draws next to its staged tree (through L2: other clusters of this launch wrote them; the count's
-    // acquire in rank 0 and the cluster barrier order these reads after their writes)
-    for (int i = threadIdx.x; i < 2 * num_slots; i += THREADS) tree.drawn[i] = __ldcg(drawn + 2 * row0 + i);
+    if (q.rank != 0)       // the draws rank 0 staged
+        for (int i = threadIdx.x; i < 2 * num_slots; i += THREADS)
+            tree.drawn[i] = static_cast<int>(kdt::load_from_block(reinterpret_cast<const uint32_t*>(&tree.drawn[i]), 0));
+    kdt::cluster_sync();  // before rank 0 may leave
     __syncthreads();
     walk(logits, vocab, row0, tree.token, tree.first_child, tree.next_sibling, num_slots, max_depth, q, tree.drawn,
          accept_len, accept_index, accept_tokens, s);
@@ -233,7 +284,7 @@ extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__
                           const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
                           int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
                           const float* __restrict__ top_p, const unsigned long long* __restrict__ seed,
-                          const long long* __restrict__ position, int* drawn, unsigned int* finished,
+                          const long long* __restrict__ position, unsigned long long* drawn, unsigned int* finished,
                           int* __restrict__ accept_len, int* __restrict__ accept_index,
                           int* __restrict__ accept_tokens) {
     __shared__ ts::Smem s;

@@ -3,9 +3,9 @@ chunk of the row). Two paths, chosen by shape, one launch each:
 
   every slot  few rows (G * N clusters fit `every_slot_blocks_per_sm` blocks per multiprocessor, N <= the kernel's
               SLOTS_MAX): `kdt_tree_sample_slots` draws every reachable slot at once, at its depth's position, into
-              the workspace (token, depth) int32 [G, N, 2]; the last cluster of each request to finish (a counter
-              per request, uint32 [G], left zero) walks on those draws. A single request's latency is one draw,
-              not one per accepted token.
+              the workspace, one 64-bit entry per slot [G, N] (valid bit, depth + 1, token); the last cluster of
+              each request to count (a counter per request, uint32 [G]) walks on those draws and leaves entries and
+              counter zero. A single request's latency is one draw, not one per accepted token.
   walk        otherwise: `kdt_tree_sample_walk`, one cluster per request drawing each slot it visits, so only the
               K + 1 rows a walk can visit are read (G = 64, N = 64: ~1/64 of the logits).
 
@@ -52,7 +52,7 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
                             (*row, "token", "first_child", "next_sibling", *tree, *OUTPUTS), cluster=cluster)
         return LaunchPlan("tree-sample", "walk: one cluster per request draws the slots it visits", (walk,),
                           facts=facts, knobs=knobs)
-    draws = groups * slots * 2 * 4
+    draws = groups * slots * 8  # one 64-bit entry per slot
     launch = KernelLaunch("kdt_tree_sample_slots", (groups * slots * cluster, 1, 1), threads,
                           (*row, "token", "first_child", "next_sibling", *tree, Workspace(0), Workspace(draws),
                            *OUTPUTS), cluster=cluster, blocks_per_sm=target.constant(PREFIX + "slots_blocks_per_sm"))

@@ -110,13 +110,20 @@ __device__ __forceinline__ uint32_t shared_add(uint32_t* counter, uint32_t value
                  : "=r"(old) : "r"(smem_addr(counter)), "r"(value) : "memory");
     return old;
 }
-// *counter += value at GPU scope, acquire and release: this thread's earlier writes are visible to the thread whose
-// add reads this one's result, and its later reads see what the earlier adders wrote before their adds (one
-// instruction where a fence and an add were two).
-__device__ __forceinline__ uint32_t global_add_acq_rel(uint32_t* counter, uint32_t value) {
+// Global memory at GPU scope without ordering (relaxed): for values that carry their own validity (a reader polls
+// until it sees one), so that no fence waits for earlier writes.
+__device__ __forceinline__ uint32_t global_add_relaxed(uint32_t* counter, uint32_t value) {
     uint32_t old;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(counter), "r"(value) : "memory");
+    asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(counter), "r"(value) : "memory");
     return old;
+}
+__device__ __forceinline__ unsigned long long global_load_relaxed(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void global_store_relaxed(unsigned long long* p, unsigned long long v) {
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
 }
 // *address += 1 when `add` (a shared-window address): one predicated reduction, so a warp's items need no branch.
 __device__ __forceinline__ void shared_add_if(uint32_t address, bool add) {

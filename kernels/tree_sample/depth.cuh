@@ -24,7 +24,8 @@ struct TreeSmem {
     int way_in[SLOTS_MAX];           // 2 * (the slot pointing here) + (1: as first child), or -1; then the jumps
     int depth[SLOTS_MAX];
     int drawn[2 * SLOTS_MAX];        // (token, depth) of every slot's draw, staged for the walk
-};
+    int is_tree;                     // one way into every slot, none into the root: each slot drawn at the only
+};                                   // depth the walk can reach it with
 
 // The least depths by min-plus relaxation, in warp 0 (its rounds at warp barriers: a round per level).
 __device__ void relaxed_depths(int num_slots, TreeSmem& tree) {
@@ -140,9 +141,52 @@ __device__ void find_depths(int num_slots, TreeSmem& tree) {
             not_a_tree = true;
     }
     __syncwarp();
-    if (__any_sync(0xffffffffu, not_a_tree)) relaxed_depths(num_slots, tree);
+    const bool is_tree = !__any_sync(0xffffffffu, not_a_tree);
+    if (threadIdx.x == 0) tree.is_tree = is_tree;
+    if (!is_tree) relaxed_depths(num_slots, tree);
     else if (num_slots <= 32) shuffled_depths(num_slots, tree);
     else jumped_depths(num_slots, tree);
+}
+
+// The walk of a tree on draws staged in tree.drawn, each made at the one depth the walk can reach its slot with, by
+// one warp: each lane finds its slots' accepted children at once (the first child, in sibling order, carrying the
+// slot's draw, where the slot's depth is under max_depth; into tree.way_in, free since the depths), lane 0 follows
+// them, and the lanes write -1 past the walk's end. out: the request's first entry of accept_index/accept_tokens.
+__device__ void walk_tree(int num_slots, int max_depth, TreeSmem& tree, int* __restrict__ accept_len,
+                          int* __restrict__ accept_index, int* __restrict__ accept_tokens) {
+    const int lane = threadIdx.x & 31;
+    for (int slot = lane; slot < num_slots; slot += 32) {
+        const int x = tree.drawn[2 * slot], depth = tree.drawn[2 * slot + 1];
+        int found = -1;
+        if (depth >= 0 && depth < max_depth) {  // pointers inside [0, N) only
+            int child = tree.first_child[slot];
+            for (int steps = 0; child >= 0 && child < num_slots && steps < num_slots; ++steps) {
+                if (tree.token[child] == x) {
+                    found = child;
+                    break;
+                }
+                child = tree.next_sibling[child];
+            }
+        }
+        tree.way_in[slot] = found;
+    }
+    __syncwarp();
+    int length = 0;
+    if (lane == 0) {
+        accept_index[0] = 0;
+        for (int cur = 0;; ++length) {
+            accept_tokens[length] = tree.drawn[2 * cur];
+            cur = tree.way_in[cur];
+            if (cur < 0) break;
+            accept_index[length + 1] = cur;
+        }
+        *accept_len = length;
+    }
+    length = __shfl_sync(0xffffffffu, length, 0);
+    for (int i = length + 1 + lane; i <= max_depth; i += 32) {
+        accept_index[i] = -1;
+        accept_tokens[i] = -1;
+    }
 }
 
 }  // namespace ts

@@ -35,6 +35,7 @@ constexpr int LEVELS = 9;            // nats, 4 digits of the key, 4 of ~id: the
 constexpr float MASS_ONE = 2147483648.f;  // the fixed-point mass of the row's largest z (2^31)
 constexpr float NEAR_NATS = 8.f;     // top-p's first try: the tokens within this of the row max (mass >= e^-8 each)
 constexpr int NEAR_PER_WARP = 16;    // the near tokens a warp keeps in the first pass (more: the near pass instead)
+constexpr uint64_t NO_POSITION = ~0ull;  // a draw's position_of(): this row is not drawn (a slot the walk cannot reach)
 
 // All of a block's shared state (with tree_sample/depth.cuh's TreeSmem): loose __shared__ variables, one per
 // template instance, were laid out 4 bytes apart for sm_90 and sm_120 (tests/test_arches.py holds them equal).
@@ -57,14 +58,20 @@ struct Smem {
         } bins;
         struct {
             unsigned long long merged[CAP];  // every block's gathered tokens, as gathered
-            unsigned long long sorted[CAP];  // the same, descending
+            union {
+                unsigned long long sorted[CAP];  // the same, descending (the levels' cut)
+                unsigned long long mass[CAP];    // their fixed-point masses (top-p's near draw)
+            };
         } list;
     };
     uint32_t total_count[BINS];
     unsigned long long total_mass[BINS];
     unsigned long long warp_value[WARPS];
-    uint32_t n_merged;                    // merge_near's count
-    uint32_t listed[CLUSTER * WARPS];     // merge_near: the length of each (block, warp) list to read; 0: not needed
+    uint32_t n_merged;                    // merge_listed's count
+    uint32_t listed[CLUSTER * WARPS];     // the near lists to read, in order: (first token << 12) | (list << 5) | length
+    uint32_t listed_lists, listed_total;  // how many lists, and tokens in all
+    unsigned long long near_verdict;      // warp 0's verdict on top-p's near draw: (NearVerdict << 32) | token
+    float row_max, row_mass;              // top-p alone: the row's largest logit and mass, from the first exchange
     uint32_t offset[CLUSTER + 1];         // gather_and_sort: where each block's tokens start in merged
     int next, next_depth;                 // the walk's next slot and depth, from thread 0
     uint32_t walks;                       // the every-slot path: this cluster is its request's last, it walks
@@ -149,9 +156,10 @@ __device__ __forceinline__ float warp_max(float v) {
 // merge(v) over every thread of the cluster, in every thread: by lanes, warps, then ranks, so a merge that is
 // commutative (both lanes of a butterfly get the same value) gives every block the same result. Each block's own
 // value stays in s.pub_value[buffer] for the others, buffer = (d.round before the call) & 1.
+// cluster_publish is its first half: the block's value published, up to the cluster barrier; returns the buffer.
 template <typename Tin, class Merge>
-__device__ unsigned long long cluster_reduce(unsigned long long v, unsigned long long identity, Merge merge,
-                                             Draw<Tin>& d, Smem& s) {
+__device__ int cluster_publish(unsigned long long v, unsigned long long identity, Merge merge, Draw<Tin>& d,
+                               Smem& s) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int buffer = d.round++ & 1;
     v = warp_reduce(v, merge);
@@ -162,6 +170,14 @@ __device__ unsigned long long cluster_reduce(unsigned long long v, unsigned long
         if (lane == 0) s.pub_value[buffer] = v;
     }
     cluster_barrier();
+    return buffer;
+}
+
+template <typename Tin, class Merge>
+__device__ unsigned long long cluster_reduce(unsigned long long v, unsigned long long identity, Merge merge,
+                                             Draw<Tin>& d, Smem& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int buffer = cluster_publish(v, identity, merge, d, s);
     if (warp == 0) {
         v = warp_reduce(lane < CLUSTER ? kdt::load_from_block(&s.pub_value[buffer], lane) : identity, merge);
         if (lane == 0) s.warp_value[0] = v;
@@ -346,11 +362,11 @@ __device__ __forceinline__ void sort_merged(uint32_t n, Smem& s) {
     __syncthreads();
 }
 
-// The tokens every block gathered, sorted (packed, descending) into s.list.sorted; returns how many, or CAP + 1 when
-// the blocks counted more than CAP in all (then nothing is sorted). Every block runs it and gets the same list: each
-// decides for itself what rank 0 would otherwise send (no verdict round, no barrier after it). The next writes to
-// cand and n_cand come after another cluster barrier (the next exchange), so the reads here are safe.
-__device__ uint32_t gather_and_sort(Smem& s) {
+// The tokens every block gathered, into s.list.merged in rank order; returns how many, or CAP + 1 when the blocks
+// counted more than CAP in all (then nothing is copied). Every block runs it and gets the same list: each decides for
+// itself what rank 0 would otherwise send (no verdict round, no barrier after it). The next writes to cand and n_cand
+// come after another cluster barrier (the next exchange), so the reads here are safe.
+__device__ uint32_t gather_all(Smem& s) {
     if (threadIdx.x < 32) {  // lane r asks rank r: one round trip of distributed shared memory, not CLUSTER
         const uint32_t lane = threadIdx.x;
         const uint32_t n = lane < CLUSTER ? min(kdt::load_from_block(&s.n_cand, lane), CAP + 1u) : 0u;
@@ -367,7 +383,13 @@ __device__ uint32_t gather_and_sort(Smem& s) {
         s.list.merged[i] = kdt::load_from_block(&s.cand[i - s.offset[r]], r);
     }
     __syncthreads();
-    sort_merged(n, s);
+    return n;
+}
+
+// The same, sorted (packed, descending) into s.list.sorted.
+__device__ uint32_t gather_and_sort(Smem& s) {
+    const uint32_t n = gather_all(s);
+    if (n <= CAP) sort_merged(n, s);
     return n;
 }
 
@@ -563,77 +585,178 @@ __device__ __forceinline__ MaxSum chunk_max_sum_near(const Draw<Tin>& d, float t
     return t;
 }
 
-// The row's MaxSum over the cluster, the same in every thread of every block (packed: m in the high word).
-template <typename Tin>
-__device__ MaxSum cluster_max_sum(MaxSum v, float to_log2, Draw<Tin>& d, Smem& s) {
-    const auto pack = [](MaxSum x) {
-        return (static_cast<unsigned long long>(__float_as_uint(x.m)) << 32) | __float_as_uint(x.l);
-    };
-    const auto unpack = [](unsigned long long p) {
-        return MaxSum{__uint_as_float(static_cast<uint32_t>(p >> 32)), __uint_as_float(static_cast<uint32_t>(p))};
-    };
-    const auto merge = [&](unsigned long long a, unsigned long long b) {
-        return pack(merged_mass(unpack(a), unpack(b), to_log2));
-    };
-    return unpack(cluster_reduce(pack(v), pack(MaxSum{-__builtin_huge_valf(), 0.f}), merge, d, s));
+// A MaxSum as one 64-bit value for the exchange (m in the high word), and the merge of two such.
+__device__ __forceinline__ unsigned long long pack_max_sum(MaxSum x) {
+    return (static_cast<unsigned long long>(__float_as_uint(x.m)) << 32) | __float_as_uint(x.l);
+}
+__device__ __forceinline__ MaxSum unpack_max_sum(unsigned long long p) {
+    return MaxSum{__uint_as_float(static_cast<uint32_t>(p >> 32)), __uint_as_float(static_cast<uint32_t>(p))};
+}
+__device__ __forceinline__ unsigned long long merged_max_sum(unsigned long long a, unsigned long long b, float to_log2) {
+    return pack_max_sum(merged_mass(unpack_max_sum(a), unpack_max_sum(b), to_log2));
 }
 
 // Top-p's first try (top-k off): the tokens within NEAR_NATS of the row max, where a language model's top-p set
-// lies. merge_near takes them from the lists the blocks published with the first exchange (chunk_max_sum_near);
-// where a list it needs was cut short, near_gather finds them by a second pass. Every block sorts them, and
-// near_pick cuts where their running mass reaches top_p of the row's and draws the Gumbel-max among the kept ones
-// (no further pass). Where they cannot decide (more than CAP, or their mass short of the need): the histogram
-// levels.
+// lies, from the lists the warps kept in the first pass (chunk_max_sum_near). Warp 0 alone, right after the first
+// exchange, reads every block's max and mass and every (block, warp) list's head in one round trip of distributed
+// shared memory, the lists that can hold such a token in a second, and where they are few cuts and draws among them
+// itself (no block barrier until its verdict). Where a list it needs was cut short, near_gather finds them by a
+// second pass over the chunk; where they are many, the block merges and draws. Where they cannot decide (more than
+// CAP, or their mass short of the need): the histogram levels. Every block reaches the same verdict.
+enum NearVerdict : uint32_t { NEAR_DRAWN, NEAR_UNREACHED, NEAR_GATHER, NEAR_MERGE, NEAR_DECIDE, NEAR_LEVELS };
+constexpr uint32_t NEAR_WARP_LISTED = 4 * 32;  // warp 0 reads up to this many listed tokens itself (4 a lane)
+constexpr uint32_t NEAR_WARP_TOKENS = 2 * 32;  // and draws among up to this many itself (2 a lane)
 
-// The near tokens from the first exchange's lists (buffer: that exchange's), sorted into s.list.sorted in every
-// block: only the lists of warps whose largest logit can reach z_near are read. How many, or CAP + 1 where such a
-// list was cut short or they are more than CAP. The lists' next writes come two exchanges later (their buffer), so
-// these reads are safe.
-template <typename Tin>
-__device__ uint32_t merge_near(int buffer, const Draw<Tin>& d, Smem& s) {
-    const float z_near = d.z_max - NEAR_NATS;
-    if (threadIdx.x == 0) s.n_merged = 0u;
-    bool cut_short = false;
-    if (threadIdx.x < CLUSTER * WARPS) {  // one (block, warp) list a thread
-        const uint32_t rank = threadIdx.x / WARPS, warp = threadIdx.x % WARPS;
-        const unsigned long long head = kdt::load_from_block(&s.near_head[buffer][warp], rank);
-        const float top = __uint_as_float(static_cast<uint32_t>(head >> 32));  // the warp's largest logit
-        const uint32_t count = static_cast<uint32_t>(head);
-        const bool needed = top * d.inv_temperature >= z_near;
-        cut_short = needed && count > NEAR_PER_WARP;
-        s.listed[threadIdx.x] = needed ? min(count, static_cast<uint32_t>(NEAR_PER_WARP)) : 0u;
-    }
-    if (__syncthreads_or(cut_short)) return CAP + 1;
-    const uint32_t key_near = order_key(z_near);
-    constexpr int PER_THREAD = CLUSTER * WARPS * NEAR_PER_WARP / THREADS;
-    static_assert(PER_THREAD * THREADS == CLUSTER * WARPS * NEAR_PER_WARP && CLUSTER * WARPS <= THREADS, "lists");
-    unsigned long long v[PER_THREAD];
-    bool in[PER_THREAD];
-#pragma unroll
-    for (int k = 0; k < PER_THREAD; ++k) {  // all loads first: one round trip of distributed shared memory
-        const int e = k * THREADS + static_cast<int>(threadIdx.x), list = e / NEAR_PER_WARP, slot = e % NEAR_PER_WARP;
-        in[k] = static_cast<uint32_t>(slot) < s.listed[list];
-        v[k] = in[k] ? kdt::load_from_block(&s.near[buffer][list % WARPS][slot], static_cast<uint32_t>(list / WARPS))
-                     : 0ull;
-    }
-#pragma unroll
-    for (int k = 0; k < PER_THREAD; ++k) {
-        in[k] = in[k] && key_of(v[k]) >= key_near;
-        const unsigned lanes = __ballot_sync(0xffffffffu, in[k]);
-        uint32_t base = 0;
-        if ((threadIdx.x & 31) == 0 && lanes) base = atomicAdd(&s.n_merged, static_cast<uint32_t>(__popc(lanes)));
-        base = __shfl_sync(0xffffffffu, base, 0) + __popc(lanes & ((1u << (threadIdx.x & 31)) - 1u));
-        if (in[k] && base < CAP) s.list.merged[base] = v[k];
-    }
-    __syncthreads();
-    const uint32_t n = s.n_merged;
-    if (n > CAP) return CAP + 1;
-    sort_merged(n, s);
-    return n;
+template <int LANES>  // threads [0, LANES) take part: warp 0 or the block
+__device__ __forceinline__ void lanes_sync() {
+    if constexpr (LANES == 32) __syncwarp();
+    else __syncthreads();
 }
 
-// The near tokens by a second pass over the chunk (from L2), sorted into s.list.sorted in every block: how many,
-// or CAP + 1.
+// The listed tokens (s.listed, in the first exchange's buffer) within NEAR_NATS of the row max (key_near: z_near's
+// order key) appended to s.list.merged, s.n_merged counting (past CAP too); a batch's loads all issued first.
+template <int LANES>
+__device__ void merge_listed(int buffer, uint32_t key_near, Smem& s) {
+    constexpr int BATCH = 4;
+    const uint32_t total = s.listed_total, lists = s.listed_lists;
+    for (uint32_t first = 0; first < total; first += LANES * BATCH) {
+        unsigned long long v[BATCH];
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const uint32_t e = first + b * LANES + threadIdx.x;
+            v[b] = 0ull;
+            if (e < total) {
+                uint32_t lo = 0, hi = lists - 1;  // the last list whose tokens start at or before e
+                while (lo < hi) {
+                    const uint32_t mid = (lo + hi + 1) / 2;
+                    if ((s.listed[mid] >> 12) <= e) lo = mid;
+                    else hi = mid - 1;
+                }
+                const uint32_t entry = s.listed[lo], list = (entry >> 5) & 127u;
+                v[b] = kdt::load_from_block(&s.near[buffer][list % WARPS][e - (entry >> 12)], list / WARPS);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const bool in = first + b * LANES + threadIdx.x < total && key_of(v[b]) >= key_near;
+            const unsigned lanes = __ballot_sync(0xffffffffu, in);
+            uint32_t base = 0;
+            if ((threadIdx.x & 31) == 0 && lanes) base = atomicAdd(&s.n_merged, static_cast<uint32_t>(__popc(lanes)));
+            base = __shfl_sync(0xffffffffu, base, 0) + __popc(lanes & ((1u << (threadIdx.x & 31)) - 1u));
+            if (in && base < CAP) s.list.merged[base] = v[b];
+        }
+    }
+    lanes_sync<LANES>();
+}
+
+// The draw among the n near tokens in s.list.merged by threads [0, LANES): a token is kept where the mass strictly
+// ahead of it in the draw's order (z descending, id ascending) is under `need` (top_p of the row's fixed-point
+// mass): the sorted cut, without sorting. The Gumbel-max among the kept; -1 where their mass never reaches the need.
+// Integer masses: every block gets the same token.
+template <int LANES>
+__device__ int decide_near(uint32_t n, double need, float z_max, uint2 key, uint32_t pos_lo, uint32_t pos_hi,
+                           Smem& s) {
+    for (uint32_t i = threadIdx.x; i < n; i += LANES)
+        s.list.mass[i] = fixed_mass(kdt::ordered_float(key_of(s.list.merged[i])), z_max);
+    lanes_sync<LANES>();
+    bool reached = false;
+    unsigned long long best = 0ull;
+    for (uint32_t i = threadIdx.x; i < n; i += LANES) {
+        const unsigned long long v = s.list.merged[i];
+        unsigned long long ahead = 0ull;
+        for (uint32_t j = 0; j < n; ++j) ahead += s.list.merged[j] > v ? s.list.mass[j] : 0ull;
+        reached = reached || static_cast<double>(ahead + s.list.mass[i]) >= need;
+        if (static_cast<double>(ahead) < need) {
+            const int t = token_of(v);
+            const float score = kdt::ordered_float(key_of(v)) +
+                                kdt::gumbel_of_word(word_of(noise_words(static_cast<uint32_t>(t) >> 2, pos_lo, pos_hi,
+                                                                        key), t));
+            best = max_of(best, packed(order_key(score), t));
+        }
+    }
+    best = warp_max(best);
+    if constexpr (LANES == 32) {
+        return __any_sync(0xffffffffu, reached) ? token_of(best) : -1;
+    } else {
+        if ((threadIdx.x & 31) == 0) s.warp_value[threadIdx.x >> 5] = best;
+        reached = __syncthreads_or(reached);
+        for (int w = 0; w < WARPS; ++w) best = max_of(best, s.warp_value[w]);
+        __syncthreads();  // before warp_value is written again
+        return reached ? token_of(best) : -1;
+    }
+}
+
+// Warp 0, right after the first exchange (buffer: its): the row's max and mass, the near tokens from the lists, and
+// where warp 0 can, the draw; its verdict for the block in s.near_verdict, the row in s.row_max and s.row_mass.
+template <typename Tin, class PositionOf>
+__device__ void near_from_lists(int buffer, float to_log2, float top_p, uint2 key, PositionOf& position_of,
+                                const Draw<Tin>& d, Smem& s) {
+    constexpr int HEADS = CLUSTER * WARPS / 32;
+    static_assert(HEADS * 32 == CLUSTER * WARPS, "lists");
+    const uint32_t lane = threadIdx.x;
+    // one round trip: every block's (max, mass) and every list's head
+    const unsigned long long mine =
+        lane < CLUSTER ? kdt::load_from_block(&s.pub_value[buffer], lane) : pack_max_sum({-__builtin_huge_valf(), 0.f});
+    unsigned long long head[HEADS];  // lane l's lists: HEADS * l .. HEADS * l + HEADS - 1
+#pragma unroll
+    for (int k = 0; k < HEADS; ++k) {
+        const uint32_t list = HEADS * lane + k;
+        head[k] = kdt::load_from_block(&s.near_head[buffer][list % WARPS], list / WARPS);
+    }
+    const MaxSum row = unpack_max_sum(
+        warp_reduce(mine, [&](unsigned long long a, unsigned long long b) { return merged_max_sum(a, b, to_log2); }));
+    const auto verdict = [&](NearVerdict what, int token) {
+        if (lane == 0) {
+            s.near_verdict = (static_cast<unsigned long long>(what) << 32) | static_cast<uint32_t>(token);
+            s.row_max = row.m;
+            s.row_mass = row.l;
+        }
+    };
+    const uint64_t position = position_of();
+    if (position == NO_POSITION) return verdict(NEAR_UNREACHED, 0);
+    const float inv_t = d.inv_temperature;
+    const float z_max = kdt::ordered_float(order_key(row.m * inv_t)), z_near = z_max - NEAR_NATS;
+    // a list is needed where its warp's largest logit reaches z_near; one cut short there: the second pass
+    uint32_t length[HEADS];
+    bool cut_short = false;
+#pragma unroll
+    for (int k = 0; k < HEADS; ++k) {
+        const float top = __uint_as_float(static_cast<uint32_t>(head[k] >> 32));
+        const uint32_t count = static_cast<uint32_t>(head[k]);
+        const bool needed = top * inv_t >= z_near;
+        cut_short = cut_short || (needed && count > NEAR_PER_WARP);
+        length[k] = needed ? min(count, static_cast<uint32_t>(NEAR_PER_WARP)) : 0u;
+    }
+    if (__any_sync(0xffffffffu, cut_short)) return verdict(NEAR_GATHER, 0);
+    // the needed lists in list order, with where each one's tokens start: one scan of (lists << 16) + tokens
+    uint32_t mine_listed = 0;
+#pragma unroll
+    for (int k = 0; k < HEADS; ++k) mine_listed += length[k] ? (1u << 16) + length[k] : 0u;
+    const uint32_t through = kdt::warp_inclusive_scan(mine_listed);
+    const uint32_t all = __shfl_sync(0xffffffffu, through, 31), lists = all >> 16, total = all & 0xffffu;
+    uint32_t at_list = (through - mine_listed) >> 16, at_token = (through - mine_listed) & 0xffffu;
+#pragma unroll
+    for (int k = 0; k < HEADS; ++k) {
+        if (!length[k]) continue;
+        s.listed[at_list++] = (at_token << 12) | ((HEADS * lane + k) << 5) | length[k];
+        at_token += length[k];
+    }
+    if (lane == 0) {
+        s.listed_lists = lists;
+        s.listed_total = total;
+        s.n_merged = 0u;
+    }
+    __syncwarp();
+    if (total > NEAR_WARP_LISTED) return verdict(NEAR_MERGE, 0);
+    merge_listed<32>(buffer, order_key(z_near), s);
+    const uint32_t n = s.n_merged;
+    if (n > NEAR_WARP_TOKENS) return verdict(NEAR_DECIDE, 0);
+    const int token = decide_near<32>(n, static_cast<double>(top_p) * static_cast<double>(row.l) * MASS_ONE, z_max,
+                                      key, static_cast<uint32_t>(position), static_cast<uint32_t>(position >> 32), s);
+    verdict(token >= 0 ? NEAR_DRAWN : NEAR_LEVELS, token);
+}
+
+// The near tokens by a second pass over the chunk (from L2), into s.list.merged in every block: how many, or CAP + 1.
 template <typename Tin>
 __device__ uint32_t near_gather(Draw<Tin>& d, Smem& s) {
     if (threadIdx.x == 0) s.n_cand = 0u;
@@ -657,34 +780,7 @@ __device__ uint32_t near_gather(Draw<Tin>& d, Smem& s) {
             append_candidate(s, t, z, live && z >= z_near);
         });
     cluster_barrier();
-    return gather_and_sort(s);
-}
-
-// The draw among the n near tokens in s.list.sorted (row_mass: the row's sum of exp(z - z_max)): the token, or -1
-// where they cannot decide (n > CAP, or their mass short of top_p of the row's).
-template <typename Tin>
-__device__ int near_pick(uint32_t n, float top_p, float row_mass, uint2 key, uint32_t pos_lo, uint32_t pos_hi,
-                         const Draw<Tin>& d, Smem& s) {
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        const double need = static_cast<double>(top_p) * static_cast<double>(row_mass) * MASS_ONE;
-        const int pick = n <= CAP ? first_reaching(s, n, d.z_max, need) : -1;
-        unsigned long long best = 0ull;  // the Gumbel-max over the kept, sorted[0..pick]
-        for (int i = lane; i <= pick; i += 32) {
-            const int t = token_of(s.list.sorted[i]);
-            const float z = kdt::ordered_float(key_of(s.list.sorted[i]));
-            const float score = z + kdt::gumbel_of_word(word_of(noise_words(static_cast<uint32_t>(t) >> 2, pos_lo,
-                                                                            pos_hi, key), t));
-            const unsigned long long v = packed(order_key(score), t);
-            best = v > best ? v : best;
-        }
-        best = warp_max(best);
-        if (lane == 0) s.decided = pick >= 0 ? (1ull << 32) | static_cast<uint32_t>(token_of(best)) : 0ull;
-    }
-    __syncthreads();
-    const unsigned long long decided = s.decided;
-    __syncthreads();
-    return decided ? static_cast<int>(static_cast<uint32_t>(decided)) : -1;
+    return gather_all(s);
 }
 
 // The block's chunk into L2, by the bulk-copy engine (nothing to wait for), before the first pass: the later passes
@@ -696,11 +792,9 @@ __device__ __forceinline__ void prefetch_chunk(const Draw<Tin>& d) {
         kdt::bulk_prefetch_l2(d.row + d.begin, bytes);
 }
 
-constexpr uint64_t NO_POSITION = ~0ull;  // position_of(): this row is not drawn (a slot the walk cannot reach)
-
 // The token drawn from the row (every thread of every block of the cluster gets it), or -1 where position_of()
-// says NO_POSITION. position_of() runs after the first exchange's block barrier and gives the draw's position, the
-// same in every block.
+// says NO_POSITION. position_of() runs after the first exchange's block barrier (on top-p's near path, in warp 0
+// right after the exchange) and gives the draw's position, the same in every block.
 template <typename Tin, class PositionOf>
 __device__ int draw(Draw<Tin>& d, float temperature, int top_k, float top_p, uint64_t seed, PositionOf&& position_of,
                     int vocab, Smem& s) {
@@ -738,18 +832,35 @@ __device__ int draw(Draw<Tin>& d, float temperature, int top_k, float top_p, uin
         if (!positioned()) return -1;
         best_score = d.z_max + kdt::GUMBEL_MIN;
     } else {
-        // top-p alone: the max, the row's mass and each block's near tokens in one pass; the row's near tokens
-        // from the blocks' lists (or, where one was cut short, a second pass), cut and drawn there when they decide
+        // top-p alone: the max, the row's mass and each warp's near tokens in one pass, published together; warp
+        // 0 draws from the lists where it can, else the block goes on as its verdict says
         const float to_log2 = inv_t * 1.4426950408889634f;
-        const int near_buffer = d.round & 1;  // the first exchange's
-        const MaxSum row = cluster_max_sum(chunk_max_sum_near(d, to_log2, near_buffer, s), to_log2, d, s);
+        const int buffer = cluster_publish(
+            pack_max_sum(chunk_max_sum_near(d, to_log2, d.round & 1, s)), pack_max_sum({-__builtin_huge_valf(), 0.f}),
+            [&](unsigned long long a, unsigned long long b) { return merged_max_sum(a, b, to_log2); }, d, s);
+        if (threadIdx.x < 32) near_from_lists(buffer, to_log2, top_p, key, position_of, d, s);
+        __syncthreads();
+        const unsigned long long verdict = s.near_verdict;
+        const float row_max = s.row_max, row_mass = s.row_mass;
         if (!positioned()) return -1;
-        d.z_max = kdt::ordered_float(order_key(row.m * inv_t));
+        const uint32_t what = static_cast<uint32_t>(verdict >> 32);
+        if (what == NEAR_DRAWN) return static_cast<int>(static_cast<uint32_t>(verdict));
+        d.z_max = kdt::ordered_float(order_key(row_max * inv_t));
         best_score = d.z_max + kdt::GUMBEL_MIN;
-        uint32_t n = merge_near(near_buffer, d, s);
-        if (n > CAP) n = near_gather(d, s);
-        const int token = near_pick(n, top_p, row.l, key, pos_lo, pos_hi, d, s);
-        if (token >= 0) return token;
+        uint32_t n = CAP + 1;
+        if (what == NEAR_GATHER) {
+            n = near_gather(d, s);
+        } else if (what == NEAR_MERGE) {
+            merge_listed<THREADS>(buffer, order_key(d.z_max - NEAR_NATS), s);
+            n = s.n_merged;
+        } else if (what == NEAR_DECIDE) {
+            n = s.n_merged;
+        }
+        if (n <= CAP) {
+            const int token = decide_near<THREADS>(n, static_cast<double>(top_p) * static_cast<double>(row_mass) *
+                                                          MASS_ONE, d.z_max, key, pos_lo, pos_hi, s);
+            if (token >= 0) return token;
+        }
     }
 
     unsigned long long threshold = 0ull;
