@@ -102,19 +102,9 @@ __device__ void walk(const Tin* logits, int vocab, size_t row0, const int* __res
     // One level (thread 0): the child of cur carrying x, accepted while d < K, else x is the bonus and the walk ends
     // (-1).
     const auto step = [&](int cur, int d, int x) {
-        int found = -1;
-        if (d < max_depth) {
-            int child = first_child[cur];
-            for (int steps = 0; child >= 0 && child < num_slots && steps < num_slots; ++steps) {
-                if (token[child] == x) {
-                    found = child;
-                    break;
-                }
-                child = next_sibling[child];
-            }
-        }
+        const int found = d < max_depth ? child_carrying(token, first_child, next_sibling, num_slots, cur, x) : -1;
         if (writes) {
-            accept_tokens[out + d] = found >= 0 ? token[found] : x;
+            accept_tokens[out + d] = x;  // a found child carries x
             if (found >= 0) accept_index[out + d + 1] = found;
             if (found < 0) accept_len[q.g] = d;
         }

@@ -27,6 +27,18 @@ struct TreeSmem {
     int is_tree;                     // one way into every slot, none into the root: each slot drawn at the only
 };                                   // depth the walk can reach it with
 
+// The first child of `slot` (in sibling order) carrying token x, or -1: pointers followed only inside [0, N), and
+// at most N of them (a hostile cycle ends). The walk's one step; the rows are global or shared memory.
+__device__ __forceinline__ int child_carrying(const int* __restrict__ token, const int* __restrict__ first_child,
+                                              const int* __restrict__ next_sibling, int num_slots, int slot, int x) {
+    int child = first_child[slot];
+    for (int steps = 0; child >= 0 && child < num_slots && steps < num_slots; ++steps) {
+        if (token[child] == x) return child;
+        child = next_sibling[child];
+    }
+    return -1;
+}
+
 // The least depths by min-plus relaxation, in warp 0 (its rounds at warp barriers: a round per level).
 __device__ void relaxed_depths(int num_slots, TreeSmem& tree) {
     for (int i = threadIdx.x; i < num_slots; i += 32) tree.depth[i] = i == 0 ? 0 : UNREACHED;
@@ -156,19 +168,11 @@ __device__ void walk_tree(int num_slots, int max_depth, TreeSmem& tree, int* __r
                           int* __restrict__ accept_index, int* __restrict__ accept_tokens) {
     const int lane = threadIdx.x & 31;
     for (int slot = lane; slot < num_slots; slot += 32) {
-        const int x = tree.drawn[2 * slot], depth = tree.drawn[2 * slot + 1];
-        int found = -1;
-        if (depth >= 0 && depth < max_depth) {  // pointers inside [0, N) only
-            int child = tree.first_child[slot];
-            for (int steps = 0; child >= 0 && child < num_slots && steps < num_slots; ++steps) {
-                if (tree.token[child] == x) {
-                    found = child;
-                    break;
-                }
-                child = tree.next_sibling[child];
-            }
-        }
-        tree.way_in[slot] = found;
+        const int depth = tree.drawn[2 * slot + 1];
+        tree.way_in[slot] = depth >= 0 && depth < max_depth
+                                ? child_carrying(tree.token, tree.first_child, tree.next_sibling, num_slots, slot,
+                                                 tree.drawn[2 * slot])
+                                : -1;
     }
     __syncwarp();
     int length = 0;

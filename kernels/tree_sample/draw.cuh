@@ -326,15 +326,21 @@ __device__ void histogram_level(const Filter& f, int level, uint32_t need_count,
     __syncthreads();
 }
 
-// Appends token (t, z) to this block's candidates where `in`: one shared atomic per warp. Every lane calls it.
-__device__ __forceinline__ void append_candidate(Smem& s, int t, float z, bool in) {
+// Appends v to list (CAP entries; *count counts past them too) where `in`: one shared atomic per warp. Every lane
+// calls it.
+__device__ __forceinline__ void append_to(uint32_t* count, unsigned long long* list, unsigned long long v, bool in) {
     const unsigned lanes = __ballot_sync(0xffffffffu, in);
     if (lanes == 0u) return;
     uint32_t base = 0;
-    if ((threadIdx.x & 31) == 0) base = atomicAdd(&s.n_cand, static_cast<uint32_t>(__popc(lanes)));
+    if ((threadIdx.x & 31) == 0) base = atomicAdd(count, static_cast<uint32_t>(__popc(lanes)));
     base = __shfl_sync(0xffffffffu, base, 0);
     const uint32_t slot = base + __popc(lanes & ((1u << (threadIdx.x & 31)) - 1u));
-    if (in && slot < CAP) s.cand[slot] = packed(order_key(z), t);
+    if (in && slot < CAP) list[slot] = v;
+}
+
+// Appends token (t, z) to this block's candidates where `in`: one shared atomic per warp. Every lane calls it.
+__device__ __forceinline__ void append_candidate(Smem& s, int t, float z, bool in) {
+    append_to(&s.n_cand, s.cand, packed(order_key(z), t), in);
 }
 
 // The first i of s.sorted[0..n) where the running fixed-point mass reaches `need`, or -1: by one warp.
@@ -637,14 +643,9 @@ __device__ void merge_listed(int buffer, uint32_t key_near, Smem& s) {
             }
         }
 #pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            const bool in = first + b * LANES + threadIdx.x < total && key_of(v[b]) >= key_near;
-            const unsigned lanes = __ballot_sync(0xffffffffu, in);
-            uint32_t base = 0;
-            if ((threadIdx.x & 31) == 0 && lanes) base = atomicAdd(&s.n_merged, static_cast<uint32_t>(__popc(lanes)));
-            base = __shfl_sync(0xffffffffu, base, 0) + __popc(lanes & ((1u << (threadIdx.x & 31)) - 1u));
-            if (in && base < CAP) s.list.merged[base] = v[b];
-        }
+        for (int b = 0; b < BATCH; ++b)
+            append_to(&s.n_merged, s.list.merged, v[b],
+                      first + b * LANES + threadIdx.x < total && key_of(v[b]) >= key_near);
     }
     lanes_sync<LANES>();
 }
