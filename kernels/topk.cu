@@ -15,6 +15,8 @@
 //                                      merged over distributed shared memory into block 0 (no workspace).
 //   kdt_topk_resident_{wide,narrow}_{f32,bf16}  resident path, V <= 8, few 16-byte aligned rows
 //                                      (topk/resident.cuh): a block's whole chunk in shared memory by bulk copies.
+//   kdt_topk_gate_{f32,bf16}           gate path, 32 < V <= 1024, 16-byte aligned rows (topk/gate.cuh): one read
+//                                      of the row, the candidates above a gate kept and pruned by radix select.
 //   kdt_topk_general_{f32,bf16}        general path, any V <= 1024 (topk/radix.cuh): exact radix select.
 //
 // Launch shape and limits
@@ -27,14 +29,18 @@
 //   resident: grid R*S, one cluster of S = 16 (wide; 8 on sm_120) or 8 (narrow) blocks per row, 256 threads,
 //             dynamic smem max(chunk bytes, kdt_topk_resident_*_min_smem); a chunk <= 16 (wide) / 20 (narrow)
 //             16-byte vectors per thread, vocab a multiple of 16 bytes; wide up to 7 rows, narrow beyond.
+//   gate:     grid R, 1024 threads, ~8.4 KB static smem + dynamic 8 * capacity bytes, capacity =
+//             kdt_topk_gate_slack + max(kdt_topk_gate_room_per_v * V, kdt_topk_gate_min_room) (V = 1024: 64 KB).
 //   general:  grid R, 1024 threads, ~16 KB static smem.
 //
 // Memory traffic: the logits once (small, cluster, resident) + R*V*8 bytes of outputs (+ the small path's
-// partials, S*R*(8 + 8*VT)*2 bytes); the general path reads a row 2 + (refining passes) times, mostly from L2.
+// partials, S*R*(8 + 8*VT)*2 bytes); the gate path reads a row once; the general path 2 + (refining passes)
+// times, mostly from L2.
 //
 // Design, proofs (ordering, bounds, error budget), SASS figures and timings: plans/kernels/topk.md.
 
 #include "topk/config.cuh"
+#include "topk/gate.cuh"
 #include "topk/radix.cuh"
 #include "topk/resident.cuh"
 #include "topk/small.cuh"
@@ -45,6 +51,10 @@ extern "C" __constant__ int kdt_topk_small_max_v = topk::SMALL_MAX_V;
 extern "C" __constant__ int kdt_topk_max_splits = topk::MAX_SPLITS;
 extern "C" __constant__ int kdt_topk_merge_cap = topk::MERGE_CAP;
 extern "C" __constant__ int kdt_topk_general_threads = topk::GEN_THREADS;
+extern "C" __constant__ int kdt_topk_gate_threads = topk::GATE_THREADS;
+extern "C" __constant__ int kdt_topk_gate_slack = topk::GATE_SLACK;
+extern "C" __constant__ int kdt_topk_gate_room_per_v = topk::GATE_ROOM_PER_V;
+extern "C" __constant__ int kdt_topk_gate_min_room = topk::GATE_MIN_ROOM;
 extern "C" __constant__ int kdt_topk_max_v = topk::MAX_V;
 extern "C" __constant__ int kdt_topk_max_vocab = topk::MAX_VOCAB;
 extern "C" __constant__ int kdt_topk_small_stage_bytes = topk::SMALL_STAGE_BYTES;
@@ -101,3 +111,13 @@ KDT_TOPK_RESIDENT(kdt_topk_resident_narrow_bf16, uint16_t, topk::ResNarrow)
     }
 KDT_TOPK_GENERAL(kdt_topk_general_f32, float)
 KDT_TOPK_GENERAL(kdt_topk_general_bf16, uint16_t)
+
+// kdt_topk_gate_<dtype>: one block per row, `capacity` buffer entries of dynamic shared memory.
+#define KDT_TOPK_GATE(NAME, TIN)                                                                              \
+    extern "C" __global__ void __launch_bounds__(topk::GATE_THREADS, 1)                                       \
+        NAME(const TIN* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp,         \
+             int vocab, int V, int capacity) {                                                                \
+        topk::gate_impl<TIN>(logits, top_ids, top_logp, vocab, V, capacity);                                  \
+    }
+KDT_TOPK_GATE(kdt_topk_gate_f32, float)
+KDT_TOPK_GATE(kdt_topk_gate_bf16, uint16_t)

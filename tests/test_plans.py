@@ -76,11 +76,16 @@ def test_topk_paths_by_rows_and_fan_out(targets):
     assert _topk(h200, 64 * 15, 163840, 8).path == "small"
     middle = _topk(h200, 8 * 15, 163840, 8)
     assert middle.path == "small" and 1 < middle.fact("splits") < 8 and middle.workspace_bytes > 0
-    assert _topk(h200, 15, 163840, 64).path == "radix"
+    assert _topk(h200, 15, 163840, 64).path == "gate"
+    assert _topk(h200, 15, 163840, 64, gate=False).path == "radix"
+    assert _topk(h200, 15, 163841, 64).path == "radix"             # rows not a whole number of vectors
+    assert _topk(h200, 15, 163840, 64, alignment=8).path == "radix"
     assert _topk(h200, 15, 163840, 8, min_chunk=1 << 18).fact("splits") == 1
     assert _topk(h200, 15, 163840, 32, cluster_min_splits=1 << 30).path == "small"
     sm120 = targets("topk", "sm_120")
     assert _topk(sm120, 15, 163840, 8, resident=False).launches[0].cluster == 8
+    wide = _topk(sm120, 8 * 15, 163840, 1024, "bfloat16")
+    assert wide.path == "gate" and wide.launches[0].dynamic_smem == 8 * wide.fact("buffer entries") <= 64 * 1024
 
 
 @pytest.mark.nvcc

@@ -9,7 +9,11 @@ Paths (the kernel's header and plans/kernels/topk.md say how each works):
             merged over distributed shared memory; no workspace.
   resident  the cluster path's variant for V <= 8 and 16-byte aligned rows whose block chunk fits one of its two
             shapes (`kdt_topk_resident_{wide,narrow}_*`): each block holds its whole chunk in shared memory.
-  radix     V > 32: `kdt_topk_general_{f32,bf16}`, one 1024-thread block per row, exact radix select.
+  gate      V > 32, rows 16-byte aligned and vocab a whole number of vectors: `kdt_topk_gate_{f32,bf16}`, one
+            1024-thread block per row reads it once, keeping the candidates above a gate in shared memory (the
+            buffer's entries in dynamic shared memory, 8 bytes each) and pruning them by radix select.
+  radix     the other rows with V > 32: `kdt_topk_general_{f32,bf16}`, one 1024-thread block per row, exact radix
+            select over 2-5 reads of the row.
 
 Workspace (small path with 1 < S), byte offsets, each part padded to 256 bytes:
     u32 counter[R] | float2 (max, sum-exp) stats[R][S] | uint2 (key, id) candidates[R][S][VT]
@@ -43,6 +47,7 @@ class Knobs:
     resident: bool = knob(True, "let the resident variant take the cluster path's rows where it applies")
     resident_wide_max_rows: int = knob(7, "up to this many rows the wide resident shape first, beyond it the "
                                           "narrow one (the H200 places 7 16-block clusters one block per SM)")
+    gate: bool = knob(True, "V > 32: the gate path where the rows allow it (off: the radix path)")
 
 
 def small_vt(V: int, target: Target) -> int | None:
@@ -86,6 +91,13 @@ def resident_shape(rows: int, vocab: int, V: int, logits: ArraySpec, target: Tar
     return None
 
 
+def gate_capacity(V: int, target: Target) -> int:
+    """The gate path's buffer entries for V (its prune mark plus a sub-step's worst case), as the kernel's
+    gate_capacity computes them."""
+    room = max(target.constant("kdt_topk_gate_room_per_v") * V, target.constant("kdt_topk_gate_min_room"))
+    return target.constant("kdt_topk_gate_slack") + room
+
+
 def _align256(n: int) -> int:
     return (n + 255) & ~255
 
@@ -101,6 +113,11 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
         return LaunchPlan("topk", "empty", (), knobs=knobs)
     vt = small_vt(V, target)
     if vt is None:
+        if knobs.gate and vocab % VECTOR_ELEMENTS[logits.dtype] == 0 and logits.alignment >= VECTOR_BYTES:
+            capacity = gate_capacity(V, target)
+            launch = KernelLaunch(f"kdt_topk_gate_{sfx}", (rows, 1, 1), target.constant("kdt_topk_gate_threads"),
+                                  (*tensors, np.int32(vocab), np.int32(V), np.int32(capacity)), capacity * 8)
+            return LaunchPlan("topk", "gate", (launch,), facts=(("buffer entries", capacity),), knobs=knobs)
         launch = KernelLaunch(f"kdt_topk_general_{sfx}", (rows, 1, 1), target.constant("kdt_topk_general_threads"),
                               (*tensors, np.int32(vocab), np.int32(V)))
         return LaunchPlan("topk", "radix", (launch,), knobs=knobs)

@@ -43,6 +43,105 @@ __device__ __forceinline__ uint32_t block_excl_scan(uint32_t v, uint32_t* s_w, i
     return r;
 }
 
+// The exact radix select of the `need` best composites among those for_each_comp visits (for_each_comp(f) calls
+// f(cc, ok) for each, warp-uniformly): 11-bit digits from the top, each histogram over the elements that share
+// the prefix chosen so far, until the chosen bin holds exactly the number still needed (at most 50 bits). Returns
+// the prefix P and its bits nb: the selected are exactly the composites with (cc >> (COMP_BITS - nb)) >= P.
+// With first_ready, hist already holds the first digit's histogram (hist zero otherwise); hist is zero on return.
+template <class ForEachComp>
+__device__ __forceinline__ void radix_select(uint32_t need, bool first_ready, ForEachComp&& for_each_comp,
+                                             uint32_t* hist, uint32_t* s_w, uint32_t& s_digit, uint32_t& s_above,
+                                             unsigned long long& P, int& nb) {
+    constexpr int T = GEN_THREADS;
+    constexpr int BPT = GEN_BINS / T;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (!first_ready) {
+        for_each_comp([&](unsigned long long cc, bool ok) {
+            warp_hist_add(hist, (uint32_t)(cc >> (COMP_BITS - 11)), ok, lane);
+        });
+        __syncthreads();
+    }
+    P = 0ull;
+    nb = 0;
+    int w = 11;
+    for (;;) {
+        const int nbins = 1 << w;
+        uint32_t c = 0u;
+#pragma unroll
+        for (int q = 0; q < BPT; ++q) {
+            const int idx = tid * BPT + q;
+            if (idx < nbins) c += hist[nbins - 1 - idx];
+        }
+        const uint32_t ex = block_excl_scan(c, s_w, lane, warp);
+        if (ex < need && need <= ex + c) {   // exactly one thread
+            uint32_t run = ex;
+#pragma unroll
+            for (int q = 0; q < BPT; ++q) {
+                const int idx = tid * BPT + q;
+                if (idx < nbins) {
+                    const uint32_t h = hist[nbins - 1 - idx];
+                    if (run + h >= need) {
+                        s_digit = (uint32_t)(nbins - 1 - idx);
+                        s_above = run;
+                        break;
+                    }
+                    run += h;
+                }
+            }
+        }
+        __syncthreads();
+        const uint32_t d = s_digit;
+        const uint32_t hd = hist[d];
+        need -= s_above;
+        P = (P << w) | d;
+        nb += w;
+        __syncthreads();
+        for (int i = tid; i < GEN_BINS; i += T) hist[i] = 0u;
+        __syncthreads();
+        if (hd == need) break;          // every element with this prefix is taken (always true at nb = 50)
+        w = min(11, COMP_BITS - nb);
+        const int shp = COMP_BITS - nb, shd = COMP_BITS - nb - w;
+        const uint32_t mask = (1u << w) - 1u;
+        const unsigned long long Pc = P;
+        for_each_comp([&](unsigned long long cc, bool ok) {
+            warp_hist_add(hist, (uint32_t)(cc >> shd) & mask, ok && (cc >> shp) == Pc, lane);
+        });
+        __syncthreads();
+    }
+}
+
+// cand[0..V) sorted descending (bitonic, zeros padding to a power of two) and written as row `row`'s outputs:
+// ids, and log-probs from the row's (max, sum-exp) in s_stat.
+__device__ __forceinline__ void sort_and_write(unsigned long long* cand, int V, const float* s_stat, int row,
+                                               int* __restrict__ top_ids, float* __restrict__ top_logp) {
+    constexpr int T = GEN_THREADS;
+    const int tid = threadIdx.x;
+    int p2 = 1;
+    while (p2 < V) p2 <<= 1;
+    for (int i = V + tid; i < p2; i += T) cand[i] = 0ull;
+    __syncthreads();
+    for (int k = 2; k <= p2; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int t = tid; t < (p2 >> 1); t += T) {
+                const int i = (t / j) * 2 * j + (t % j);
+                const int pj = i + j;
+                const bool desc = (i & k) == 0;
+                const unsigned long long a = cand[i], bb = cand[pj];
+                if ((a < bb) == desc) { cand[i] = bb; cand[pj] = a; }
+            }
+            __syncthreads();
+        }
+    }
+    const float bm = s_stat[0];
+    const float lsum = logf(s_stat[1]);
+    for (int r = tid; r < V; r += T) {
+        const unsigned long long cc = cand[r];
+        const size_t o = (size_t)row * V + r;
+        top_ids[o] = (int)(ID_MASK - (uint32_t)(cc & ID_MASK));
+        top_logp[o] = (key2f((uint32_t)(cc >> ID_BITS)) - bm) - lsum;
+    }
+}
+
 // A row's top V (any V <= MAX_V) and log-probabilities from one block: pass 1 (statistics and the top digit),
 // the refining passes of the radix select, the gather of exactly V elements, a bitonic sort, the outputs.
 template <typename Tin>
@@ -51,7 +150,6 @@ __device__ __forceinline__ void general_impl(const Tin* __restrict__ logits, int
     using E = Elem<Tin>;
     constexpr int T = GEN_THREADS;
     constexpr int U = GEN_U;
-    constexpr int BPT = GEN_BINS / T;
 
     __shared__ uint32_t hist[GEN_BINS];
     __shared__ unsigned long long cand[MAX_V];
@@ -118,56 +216,11 @@ __device__ __forceinline__ void general_impl(const Tin* __restrict__ logits, int
     if (warp == 0) fold_stats(s_m, s_s, GEN_WARPS, s_stat, lane);
     // (the __syncthreads inside block_excl_scan orders s_stat and hist)
 
-    // radix select on the composite: nb bits fixed (= prefix P), `need` still wanted among its elements
-    uint32_t need = (uint32_t)V;
-    unsigned long long P = 0ull;
-    int nb = 0;
-    int w = 11;
-    for (;;) {
-        const int nbins = 1 << w;
-        uint32_t c = 0u;
-#pragma unroll
-        for (int q = 0; q < BPT; ++q) {
-            const int idx = tid * BPT + q;
-            if (idx < nbins) c += hist[nbins - 1 - idx];
-        }
-        const uint32_t ex = block_excl_scan(c, s_w, lane, warp);
-        if (ex < need && need <= ex + c) {   // exactly one thread
-            uint32_t run = ex;
-#pragma unroll
-            for (int q = 0; q < BPT; ++q) {
-                const int idx = tid * BPT + q;
-                if (idx < nbins) {
-                    const uint32_t h = hist[nbins - 1 - idx];
-                    if (run + h >= need) {
-                        s_digit = (uint32_t)(nbins - 1 - idx);
-                        s_above = run;
-                        break;
-                    }
-                    run += h;
-                }
-            }
-        }
-        __syncthreads();
-        const uint32_t d = s_digit;
-        const uint32_t hd = hist[d];
-        need -= s_above;
-        P = (P << w) | d;
-        nb += w;
-        __syncthreads();
-        for (int i = tid; i < GEN_BINS; i += T) hist[i] = 0u;
-        __syncthreads();
-        if (hd == need) break;          // every element with this prefix is taken (always true at nb = 50)
-        w = min(11, COMP_BITS - nb);
-        const int shp = COMP_BITS - nb, shd = COMP_BITS - nb - w;
-        const uint32_t mask = (1u << w) - 1u;
-        const unsigned long long Pc = P;
-        for_each([&](float x, int j, bool ok) {
-            const unsigned long long cc = comp(x, j);
-            warp_hist_add(hist, (uint32_t)(cc >> shd) & mask, ok && (cc >> shp) == Pc, lane);
-        });
-        __syncthreads();
-    }
+    unsigned long long P;
+    int nb;
+    radix_select((uint32_t)V, true,
+                 [&](auto&& f) { for_each([&](float x, int j, bool ok) { f(comp(x, j), ok); }); },
+                 hist, s_w, s_digit, s_above, P, nb);
 
     // gather exactly V elements: prefix >= P
     if (tid == 0) s_cnt = 0u;
@@ -189,31 +242,7 @@ __device__ __forceinline__ void general_impl(const Tin* __restrict__ logits, int
         });
     }
     __syncthreads();
-    int p2 = 1;
-    while (p2 < V) p2 <<= 1;
-    for (int i = V + tid; i < p2; i += T) cand[i] = 0ull;
-    __syncthreads();
-    // bitonic sort, descending
-    for (int k = 2; k <= p2; k <<= 1) {
-        for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int t = tid; t < (p2 >> 1); t += T) {
-                const int i = (t / j) * 2 * j + (t % j);
-                const int pj = i + j;
-                const bool desc = (i & k) == 0;
-                const unsigned long long a = cand[i], bb = cand[pj];
-                if ((a < bb) == desc) { cand[i] = bb; cand[pj] = a; }
-            }
-            __syncthreads();
-        }
-    }
-    const float bm = s_stat[0];
-    const float lsum = logf(s_stat[1]);
-    for (int r = tid; r < V; r += T) {
-        const unsigned long long cc = cand[r];
-        const size_t o = (size_t)row * V + r;
-        top_ids[o] = (int)(ID_MASK - (uint32_t)(cc & ID_MASK));
-        top_logp[o] = (key2f((uint32_t)(cc >> ID_BITS)) - bm) - lsum;
-    }
+    sort_and_write(cand, V, s_stat, row, top_ids, top_logp);
 }
 
 }  // namespace topk
