@@ -16,7 +16,8 @@
 //   kdt_topk_resident_{wide,narrow}_{f32,bf16}  resident path, V <= 8, few 16-byte aligned rows
 //                                      (topk/resident.cuh): a block's whole chunk in shared memory by bulk copies.
 //   kdt_topk_gate_{f32,bf16}           gate path, 32 < V <= 1024, 16-byte aligned rows (topk/gate.cuh): one read
-//                                      of the row, the candidates above a gate kept and pruned by radix select.
+//                                      of the row by free-running warps, the candidates above a gate kept in
+//                                      shared memory and pruned by radix select when full.
 //   kdt_topk_general_{f32,bf16}        general path, any V <= 1024 (topk/radix.cuh): exact radix select.
 //
 // Launch shape and limits
@@ -29,8 +30,8 @@
 //   resident: grid R*S, one cluster of S = 16 (wide; 8 on sm_120) or 8 (narrow) blocks per row, 256 threads,
 //             dynamic smem max(chunk bytes, kdt_topk_resident_*_min_smem); a chunk <= 16 (wide) / 20 (narrow)
 //             16-byte vectors per thread, vocab a multiple of 16 bytes; wide up to 7 rows, narrow beyond.
-//   gate:     grid R, 1024 threads, ~8.4 KB static smem + dynamic 8 * capacity bytes, capacity =
-//             kdt_topk_gate_slack + max(kdt_topk_gate_room_per_v * V, kdt_topk_gate_min_room) (V = 1024: 64 KB).
+//   gate:     grid R, 1024 threads, ~8.5 KB static smem + dynamic 8 * capacity bytes, capacity =
+//             max(kdt_topk_gate_room_per_v * V, kdt_topk_gate_min_room) (V = 1024: 32 KB).
 //   general:  grid R, 1024 threads, ~16 KB static smem.
 //
 // Memory traffic: the logits once (small, cluster, resident) + R*V*8 bytes of outputs (+ the small path's
@@ -52,7 +53,6 @@ extern "C" __constant__ int kdt_topk_max_splits = topk::MAX_SPLITS;
 extern "C" __constant__ int kdt_topk_merge_cap = topk::MERGE_CAP;
 extern "C" __constant__ int kdt_topk_general_threads = topk::GEN_THREADS;
 extern "C" __constant__ int kdt_topk_gate_threads = topk::GATE_THREADS;
-extern "C" __constant__ int kdt_topk_gate_slack = topk::GATE_SLACK;
 extern "C" __constant__ int kdt_topk_gate_room_per_v = topk::GATE_ROOM_PER_V;
 extern "C" __constant__ int kdt_topk_gate_min_room = topk::GATE_MIN_ROOM;
 extern "C" __constant__ int kdt_topk_max_v = topk::MAX_V;

@@ -92,10 +92,8 @@ def resident_shape(rows: int, vocab: int, V: int, logits: ArraySpec, target: Tar
 
 
 def gate_capacity(V: int, target: Target) -> int:
-    """The gate path's buffer entries for V (its prune mark plus a sub-step's worst case), as the kernel's
-    gate_capacity computes them."""
-    room = max(target.constant("kdt_topk_gate_room_per_v") * V, target.constant("kdt_topk_gate_min_room"))
-    return target.constant("kdt_topk_gate_slack") + room
+    """The gate path's buffer entries for V, as the kernel's gate_capacity computes them (it checks the launch's)."""
+    return max(target.constant("kdt_topk_gate_room_per_v") * V, target.constant("kdt_topk_gate_min_room"))
 
 
 def _align256(n: int) -> int:

@@ -91,14 +91,18 @@ constexpr int COMP_BITS = 32 + ID_BITS;       // the composite key << ID_BITS | 
 constexpr uint32_t ID_MASK = (1u << ID_BITS) - 1u;
 static_assert(GEN_BINS % GEN_THREADS == 0, "bins per thread");
 
-// ---- gate path (kdt_topk_gate_*): the general path's block and select, one read of the row
+// ---- gate path (kdt_topk_gate_*): the general path's block, select and sort, one read of the row
 constexpr int GATE_THREADS = GEN_THREADS;     // radix_select and sort_and_write run on GEN_THREADS
-constexpr int GATE_U = 4;                     // 16-byte vectors in flight per thread
-constexpr int GATE_SUB = 4;                   // elements a thread may append between two checks of the buffer
-constexpr int GATE_SLACK = GATE_THREADS * GATE_SUB;  // the buffer's room above its prune mark
-constexpr int GATE_ROOM_PER_V = 4;            // the prune mark: GATE_ROOM_PER_V * V entries, at least GATE_MIN_ROOM
-constexpr int GATE_MIN_ROOM = 1024;
-static_assert(MAX_V <= GEN_THREADS * 2, "bitonic sort: one pair per thread and pass loop");
+constexpr int GATE_WARPS = GATE_THREADS / 32;
+constexpr int GATE_U = 4;                     // 16-byte vectors in flight per thread and step
+constexpr int GATE_PREFETCH = 2;              // steps a warp's run is prefetched into L2 ahead of its loads
+constexpr int GATE_ROOM_PER_V = 4;            // the buffer: GATE_ROOM_PER_V * V entries, at least GATE_MIN_ROOM
+constexpr int GATE_MIN_ROOM = 2048;
+constexpr int GATE_MAX_CAPACITY = GATE_ROOM_PER_V * MAX_V > GATE_MIN_ROOM ? GATE_ROOM_PER_V * MAX_V : GATE_MIN_ROOM;
+static_assert(MAX_V <= GEN_THREADS, "bitonic sort: one element a thread");
+static_assert(GATE_MAX_CAPACITY % GATE_THREADS == 0, "a prune holds the buffer in registers, whole rows of it");
+static_assert(GATE_MIN_ROOM >= 2 * 32 * 8 + 32 && GATE_ROOM_PER_V >= 4,
+              "an intermediate prune keeps at most half the buffer (>= V + a warp's vector)");
 static_assert(MAX_VOCAB <= (1 << ID_BITS), "an id fits the composite's id field");
 
 }  // namespace topk

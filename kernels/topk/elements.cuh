@@ -1,6 +1,7 @@
 // kernels/topk/elements.cuh -- the element types: Elem<float> and Elem<uint16_t> (bf16 bits) say how a 16-byte
 // vector of logits loads, unpacks to floats and yields its maximum; Elem1 is one scalar float (the small path's
-// unaligned head and tail). Used by every entry point (the general path only through Elem<T>::load1).
+// unaligned head and tail); pick reads an unpacked element at a runtime index. Used by every entry point (the
+// general path only through Elem<T>::load1).
 #pragma once
 
 #include <stdint.h>
@@ -16,6 +17,15 @@ using kdt::bf16x2_max;
 // anything: VMax is a vector's maximum in the form that is cheapest to combine (bf16: a packed pair, one HMNMX2
 // per pair of pairs), vmax/vmax2 combine, vmax_float turns the result into the float maximum. A maximum is always
 // one of the elements (max never rounds), so its key is an element's key.
+// a[e] for a runtime e without local memory (a select chain over the registers).
+template <int N>
+__device__ __forceinline__ float pick(const float (&a)[N], int e) {
+    float r = a[0];
+#pragma unroll
+    for (int i = 1; i < N; ++i) r = e == i ? a[i] : r;
+    return r;
+}
+
 template <typename Tin> struct Elem;
 template <> struct Elem<float> {
     using Vec = float4;

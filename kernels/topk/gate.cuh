@@ -1,14 +1,18 @@
 // kernels/topk/gate.cuh -- the gate path (32 < V <= 1024, rows 16-byte aligned): one block of 1024 threads per row
 // reads the row once, in 16-byte vectors, and keeps in a shared buffer every element whose composite reaches the
-// gate, a lower bound of the V-th best composite so far; when the buffer fills, a radix select prunes it to its V
-// best and raises the gate. The softmax statistics ride in the same pass; the last prune, a sort and the outputs
-// end it. Exact: an element below the gate is below V kept ones. gate_impl<Tin> serves kdt_topk_gate_{f32,bf16}.
-// Plan and the share of a row a gate lets through: plans/kernels/topk.md, "Wide V".
+// gate, a lower bound of the row's V-th best composite. The warps stream without block barriers: a warp whose
+// append finds the buffer full raises a flag, every warp meets the others at its next step (or at once, if it has
+// finished), and the block prunes the buffer by radix select, which raises the gate. The softmax statistics ride
+// in the same pass; an exact prune, a sort and the outputs end it. Exact: an element below the gate is below V
+// kept ones. gate_impl<Tin> serves kdt_topk_gate_{f32,bf16}. Plan and measurements: plans/kernels/topk.md,
+// "Wide V".
 #pragma once
 
 #include <float.h>
 #include <stdint.h>
 
+#include "common/bits.cuh"
+#include "common/ptx.cuh"
 #include "topk/config.cuh"
 #include "topk/elements.cuh"
 #include "topk/keys.cuh"
@@ -17,55 +21,173 @@
 
 namespace topk {
 
-// The buffer's entries for V (the launcher sizes the dynamic shared memory by it: 8 bytes an entry): room for a
-// sub-step's appends (GATE_SLACK) above the prune mark, which leaves at least 4 V (or 1,024) entries between prunes
-// (kdt/launch/topk.py computes the same from the exported constants).
+// The buffer's entries for V (the launcher sizes the dynamic shared memory by it, 8 bytes an entry, and computes
+// the same from the exported constants).
 __host__ __device__ constexpr int gate_capacity(int V) {
-    return GATE_SLACK + (GATE_ROOM_PER_V * V > GATE_MIN_ROOM ? GATE_ROOM_PER_V * V : GATE_MIN_ROOM);
+    return GATE_ROOM_PER_V * V > GATE_MIN_ROOM ? GATE_ROOM_PER_V * V : GATE_MIN_ROOM;
 }
 
-// buf[0..n) pruned to its V best (n > V), in place; returns the new gate (the selected prefix as a composite lower
-// bound: every kept composite reaches it, every dropped one is below it). `keep` holds V entries (the histogram's
-// bytes, free between selects).
-__device__ __forceinline__ unsigned long long gate_prune(unsigned long long* buf, uint32_t n, int V, uint32_t* hist,
-                                                         unsigned long long* keep, uint32_t* s_w, uint32_t& s_digit,
-                                                         uint32_t& s_above, uint32_t& s_cnt) {
+static_assert(GATE_WARPS == 32, "a warp reduces the warps' maxima");
+
+// The block's state besides the buffer.
+struct GateShared {
+    uint32_t hist[GEN_BINS];        // radix_select's histogram
+    uint32_t warp_sum[GATE_WARPS];  // block_excl_scan's partials
+    uint32_t warp_max[GATE_WARPS];  // each warp's largest key so far, written at every rendezvous
+    float m[GATE_WARPS];
+    float s[GATE_WARPS];
+    float stat[2];
+    unsigned long long gate;        // the gate after the last prune
+    uint32_t digit, above;          // radix_select's
+    uint32_t count;                 // entries reserved in the buffer (may run past the capacity: then full)
+    uint32_t prune;                 // a warp found the buffer full
+};
+
+// The gate G (a composite: every kept element reaches it) in the forms the scan tests: x > gf passes, x == gf
+// passes when id <= gid, x < gf fails -- exactly comp(x, id) >= G for non-NaN x (f2key is monotone and maps -0
+// to +0; a gate key below -inf's has no float image: then every element passes).
+struct BlockGate {
+    unsigned long long cc = 0ull;
+    float gf = neg_inf();
+    uint32_t gid = ~0u;
+
+    __device__ __forceinline__ void set(unsigned long long c) {
+        cc = c;
+        const uint32_t k = (uint32_t)(c >> ID_BITS);
+        const bool open = k < f2key(neg_inf());
+        gf = open ? neg_inf() : key2f(k);
+        gid = open ? ~0u : ID_MASK - (uint32_t)(c & ID_MASK);
+    }
+    // branch-free: the compares combine as predicates
+    __device__ __forceinline__ bool passes(float x, uint32_t id) const {
+        return (x > gf) | ((x == gf) & (id <= gid));
+    }
+};
+
+// buf[0 .. n) (n > V) pruned in place to its V best plus at most `slack` (those of the radix select's last bin);
+// returns the new gate. Every entry lies in [gate, (hi_key, any id)]: their common prefix is skipped.
+__device__ __forceinline__ unsigned long long gate_prune(unsigned long long* buf, uint32_t n, int V, uint32_t slack,
+                                                         unsigned long long gate, uint32_t hi_key, GateShared& sh) {
     constexpr int T = GATE_THREADS;
     const int tid = threadIdx.x, lane = tid & 31;
+    const unsigned long long hi = ((unsigned long long)hi_key << ID_BITS) | ID_MASK;
+    const unsigned long long diff = gate ^ hi;
+    const int nb0 = diff ? __clzll((long long)diff) - (64 - COMP_BITS) : COMP_BITS - 1;
     unsigned long long P;
     int nb;
-    radix_select((uint32_t)V, false,
+    radix_select((uint32_t)V, slack, false, hi >> (COMP_BITS - nb0), nb0,
                  [&](auto&& f) {
                      for (uint32_t b = 0; b < n; b += T) {
                          const uint32_t i = b + tid;
                          f(i < n ? buf[i] : 0ull, i < n);
                      }
                  },
-                 hist, s_w, s_digit, s_above, P, nb);
-    // hist is zero again: its bytes hold the V kept while buf is rewritten
+                 sh.hist, sh.warp_sum, sh.digit, sh.above, P, nb);
     const int shp = COMP_BITS - nb;
-    if (tid == 0) s_cnt = 0u;
+    // compaction in place: the whole buffer in registers first
+    unsigned long long held[GATE_MAX_CAPACITY / T];
+#pragma unroll
+    for (int q = 0; q < GATE_MAX_CAPACITY / T; ++q) {
+        const uint32_t i = (uint32_t)(q * T + tid);
+        held[q] = i < n ? buf[i] : 0ull;
+    }
+    if (tid == 0) sh.count = 0u;
     __syncthreads();
-    for (uint32_t b = 0; b < n; b += T) {
-        const uint32_t i = b + tid;
-        const unsigned long long cc = i < n ? buf[i] : 0ull;
-        const bool sel = i < n && (cc >> shp) >= P;
+#pragma unroll
+    for (int q = 0; q < GATE_MAX_CAPACITY / T; ++q) {
+        const uint32_t i = (uint32_t)(q * T + tid);
+        const bool sel = i < n && (held[q] >> shp) >= P;
         const uint32_t bal = __ballot_sync(FULL, sel);
         if (bal) {
             uint32_t b0 = 0u;
-            if (lane == __ffs(bal) - 1) b0 = atomicAdd(&s_cnt, (uint32_t)__popc(bal));
+            if (lane == __ffs(bal) - 1) b0 = atomicAdd(&sh.count, (uint32_t)__popc(bal));
             b0 = __shfl_sync(FULL, b0, __ffs(bal) - 1);
-            const uint32_t slot = b0 + (uint32_t)__popc(bal & ((1u << lane) - 1u));
-            if (sel && slot < (uint32_t)MAX_V) keep[slot] = cc;
+            if (sel) buf[b0 + (uint32_t)__popc(bal & ((1u << lane) - 1u))] = held[q];
         }
     }
+    const unsigned long long raised = (P << shp) > gate ? (P << shp) : gate;
+    if (tid == 0) {
+        sh.gate = raised;
+        sh.prune = 0u;
+    }
     __syncthreads();
-    for (int i = tid; i < V; i += T) buf[i] = keep[i];
+    return raised;
+}
+
+// Where the warps meet: every warp of the block calls it, from wherever it is (a single body, so its barriers are
+// the same instructions for all). If a warp found the buffer full, the block prunes it; `finished`: no prune was
+// asked, so every warp has finished its steps (a scanning warp comes only when a prune is asked). Returns the
+// gate. hi_key: the largest key the warp has seen.
+__device__ __noinline__ unsigned long long gate_rendezvous(unsigned long long* buf, int capacity, int V,
+                                                           GateShared& sh, uint32_t hi_key, bool& finished) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) sh.warp_max[warp] = hi_key;
     __syncthreads();
-    for (int i = tid; i < V * 2; i += T) hist[i] = 0u;   // keep's bytes: the histogram again
-    if (tid == 0) s_cnt = (uint32_t)V;
-    __syncthreads();
-    return P << shp;
+    const bool prune = sh.prune != 0u;
+    finished = !prune;
+    if (!prune) return sh.gate;
+    const uint32_t hi = __reduce_max_sync(FULL, sh.warp_max[lane]);
+    const uint32_t n = min(sh.count, (uint32_t)capacity);
+    // an intermediate prune may keep the radix select's last bin whole (up to V more: at most half the buffer)
+    return gate_prune(buf, n, V, (uint32_t)min(V, capacity / 2 - V), sh.gate, hi, sh);
+}
+
+// The warp's largest key so far (the rendezvous' upper bound of the buffer).
+__device__ __forceinline__ uint32_t warp_hi_key(float m) { return __reduce_max_sync(FULL, f2key(m)); }
+
+// Appends the elements of one vector (x, ids id0 + e) whose bits are set in `pass` (per lane) to the buffer, one
+// reservation per warp; when the buffer is full, meets the block for a prune and re-tests what is left.
+template <int W>
+__device__ __forceinline__ void gate_append(const float (&x)[W], uint32_t id0, uint32_t pass, BlockGate& g,
+                                            unsigned long long* buf, int capacity, int V, GateShared& sh, float m) {
+    const int lane = threadIdx.x & 31;
+    while (__any_sync(FULL, pass != 0u)) {
+        const uint32_t c = (uint32_t)__popc(pass);
+        const uint32_t incl = kdt::warp_inclusive_scan(c);
+        const uint32_t total = __shfl_sync(FULL, incl, 31);
+        uint32_t base = 0u;
+        if (lane == 31) base = atomicAdd(&sh.count, total);
+        base = __shfl_sync(FULL, base, 31);
+        uint32_t slot = base + incl - c;
+        while (pass != 0u && slot < (uint32_t)capacity) {
+            const int e = __ffs(pass) - 1;
+            pass &= pass - 1u;
+            buf[slot++] = comp(pick(x, e), (int)(id0 + (uint32_t)e));
+        }
+        if (base + total > (uint32_t)capacity) {   // warp-uniform: the buffer is full
+            if (lane == 0) *reinterpret_cast<volatile uint32_t*>(&sh.prune) = 1u;
+            bool finished;
+            g.set(gate_rendezvous(buf, capacity, V, sh, warp_hi_key(m), finished));
+            uint32_t left = 0u;
+#pragma unroll
+            for (int e = 0; e < W; ++e)
+                left |= (((pass >> e) & 1u) != 0u) & g.passes(x[e], id0 + (uint32_t)e) ? 1u << e : 0u;
+            pass = left;
+        }
+    }
+}
+
+// A gate from the block's first step: the key of the V-th best vector maximum (V of its vectors hold an element
+// with at least that key), or a little below it (the radix select may keep its last bin whole). Block-wide.
+template <typename E, int U>
+__device__ __forceinline__ unsigned long long gate_from_maxima(const typename E::Vec (&v)[U], const bool (&valid)[U],
+                                                               int V, GateShared& sh) {
+    unsigned long long tagged[U];   // (key of the maximum, reversed vector tag): unique, as radix_select needs
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+        tagged[u] = ((unsigned long long)f2key(E::vmax_float(E::vmax(v[u]))) << ID_BITS) |
+                    (ID_MASK - (uint32_t)(threadIdx.x * U + u));
+    unsigned long long P;
+    int nb;
+    radix_select((uint32_t)V, (uint32_t)V, false, 0ull, 0,
+                 [&](auto&& f) {
+#pragma unroll
+                     for (int u = 0; u < U; ++u) f(tagged[u], valid[u]);
+                 },
+                 sh.hist, sh.warp_sum, sh.digit, sh.above, P, nb);
+    const unsigned long long gate = ((P << (COMP_BITS - nb)) >> ID_BITS) << ID_BITS;   // every id of the key
+    if (threadIdx.x == 0) sh.gate = gate;
+    return gate;   // sh.gate is read only after a later barrier
 }
 
 // A row's top V and log-probabilities from one block and one read: buf (dynamic shared memory) holds `capacity`
@@ -74,94 +196,106 @@ template <typename Tin>
 __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* __restrict__ top_ids,
                                           float* __restrict__ top_logp, int vocab, int V, int capacity) {
     using E = Elem<Tin>;
+    using Vec = typename E::Vec;
     constexpr int T = GATE_THREADS;
     constexpr int U = GATE_U;
     constexpr int W = E::W;
-    constexpr int QUADS = W / GATE_SUB;                // a vector's sub-steps of GATE_SUB elements
-    static_assert(W % GATE_SUB == 0, "whole sub-steps per vector");
 
     extern __shared__ unsigned long long buf[];
-    __shared__ uint32_t hist[GEN_BINS];                // also the V kept while a prune rewrites buf
-    __shared__ uint32_t s_w[GEN_WARPS];
-    __shared__ float s_m[GEN_WARPS];
-    __shared__ float s_s[GEN_WARPS];
-    __shared__ float s_stat[2];
-    __shared__ uint32_t s_digit, s_above, s_cnt;
-    static_assert(GEN_BINS * 4 >= MAX_V * 8, "the histogram's bytes hold V kept composites");
-    unsigned long long* const keep = reinterpret_cast<unsigned long long*>(hist);
+    __shared__ GateShared sh;
 
-    if (V < 1 || V > MAX_V || V > vocab || vocab > MAX_VOCAB || vocab % W || capacity < gate_capacity(V))
+    if (V < 1 || V > MAX_V || V > vocab || vocab > MAX_VOCAB || vocab % W || capacity != gate_capacity(V))
         return;   // launcher bug guard
 
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
     const int row = blockIdx.x;
-    const typename E::Vec* rp = reinterpret_cast<const typename E::Vec*>(logits + (size_t)row * (size_t)vocab);
+    const Vec* rp = reinterpret_cast<const Vec*>(logits + (size_t)row * (size_t)vocab);
     const int vectors = vocab / W;
-    const uint32_t mark = (uint32_t)(capacity - GATE_SLACK);   // prune once the buffer holds more
 
-    for (int i = tid; i < GEN_BINS; i += T) hist[i] = 0u;
-    if (tid == 0) s_cnt = 0u;
+    for (int i = tid; i < GEN_BINS; i += T) sh.hist[i] = 0u;
+    if (tid == 0) {
+        sh.gate = 0ull;
+        sh.count = sh.prune = 0u;
+    }
     __syncthreads();
 
-    float m = -FLT_MAX, s = 0.0f;
-    unsigned long long gate = 0ull;                      // every composite reaches 0 (-inf's key is above it)
+    // Each warp's share of a step is one contiguous run of 32 * U vectors (a load instruction reads 512 bytes of
+    // it); the run GATE_PREFETCH steps ahead goes to L2 by one bulk prefetch, so the loads find it there.
+    const int warp_first = warp * 32 * U;
+    auto prefetch = [&](int first) {
+        const int at = first + warp_first;
+        if (lane == 0 && at < vectors)
+            kdt::bulk_prefetch_l2(rp + at, (uint32_t)min(32 * U, vectors - at) * (uint32_t)VEC_BYTES);
+    };
+#pragma unroll
+    for (int d = 1; d <= GATE_PREFETCH; ++d) prefetch(d * T * U);
+
+    Softmax sm;
+    BlockGate g;
     for (int first = 0; first < vectors; first += T * U) {
-        typename E::Vec v[U];
+        prefetch(first + (GATE_PREFETCH + 1) * T * U);
+        Vec v[U];
+        bool valid[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int i = first + u * T + tid;
-            v[u] = i < vectors ? __ldg(rp + i) : E::ninf_vec();
+            const int i = first + warp_first + u * 32 + lane;
+            valid[u] = i < vectors;
+            v[u] = valid[u] ? __ldg(rp + i) : E::ninf_vec();
         }
+        // The first step opens the gate at the V-th best of its vector maxima (V vectors hold an element at
+        // least as good), so that it appends about V elements, not all of them.
+        if (first == 0 && min(vectors, T * U) >= V) g.set(gate_from_maxima<E>(v, valid, V, sh));
+        const float gm = group_max<E>(v);
+        sm.m = fmaxf(sm.m, gm);
+        // the rare work of a step behind one warp vote (as the small path's process_group): candidates (some lane
+        // has gm >= gf), then the rescale of the softmax base (some lane has gm > b)
+        const bool maybe_hot = gm >= g.gf;
+        const bool rebase = sm.needs_rebase(gm);
+        if (__any_sync(FULL, maybe_hot || rebase)) {
+            if (__any_sync(FULL, maybe_hot)) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int i = first + u * T + tid;
-            const bool live = i < vectors;
-            float x[W];
-            E::unpack(v[u], x);
-            float gm = x[0];
+                for (int u = 0; u < U; ++u) {
+                    const bool hot = valid[u] && E::vmax_float(E::vmax(v[u])) >= g.gf;
+                    if (__any_sync(FULL, hot)) {
+                        float x[W];
+                        E::unpack(v[u], x);
+                        const uint32_t id0 = (uint32_t)(first + warp_first + u * 32 + lane) * (uint32_t)W;
+                        uint32_t pass = 0u;
 #pragma unroll
-            for (int e = 1; e < W; ++e) gm = fmaxf(gm, x[e]);
-            raise_max(m, s, gm);
-            float ev[W];
-#pragma unroll
-            for (int e = 0; e < W; ++e) ev[e] = ex2((x[e] - m) * LOG2E);
-            s += tree_sum(ev);
-            // a vector whose largest key is below the gate's holds no candidate (most do once the gate has risen)
-            const bool warp_maybe = __any_sync(FULL, live && f2key(gm) >= (uint32_t)(gate >> ID_BITS));
-#pragma unroll
-            for (int q = 0; q < QUADS; ++q) {
-                // a sub-step: at most GATE_SUB appends a thread, then the block checks the buffer's fill
-                uint32_t filled = 0u;
-#pragma unroll
-                for (int e = q * GATE_SUB; e < (q + 1) * GATE_SUB && warp_maybe; ++e) {
-                    const unsigned long long cc = comp(x[e], i * W + e);
-                    const bool sel = live && cc >= gate;
-                    const uint32_t bal = __ballot_sync(FULL, sel);
-                    if (bal) {
-                        uint32_t b0 = 0u;
-                        if (lane == __ffs(bal) - 1) b0 = atomicAdd(&s_cnt, (uint32_t)__popc(bal));
-                        b0 = __shfl_sync(FULL, b0, __ffs(bal) - 1);
-                        const uint32_t slot = b0 + (uint32_t)__popc(bal & ((1u << lane) - 1u));
-                        if (sel) buf[slot] = cc;
-                        filled = max(filled, b0 + (uint32_t)__popc(bal));
+                        for (int e = 0; e < W; ++e) pass |= (hot & g.passes(x[e], id0 + (uint32_t)e) ? 1u : 0u) << e;
+                        gate_append(x, id0, pass, g, buf, capacity, V, sh, sm.m);
                     }
                 }
-                // the fill only grows: the largest a warp saw is the block's once every warp has added
-                if (__syncthreads_or(filled > mark)) gate = gate_prune(buf, s_cnt, V, hist, keep, s_w, s_digit,
-                                                                       s_above, s_cnt);
             }
+            sm.rebase_warp(rebase, gm);
+        }
+        add_group<E>(sm, v);
+        // another warp found the buffer full: meet it (the flag stays up until the prune is over)
+        if (__any_sync(FULL, *reinterpret_cast<volatile uint32_t*>(&sh.prune) != 0u)) {
+            bool finished;
+            g.set(gate_rendezvous(buf, capacity, V, sh, warp_hi_key(sm.m), finished));
         }
     }
+    // past the last step: meet the others until none asks for a prune (a meeting without a request has every
+    // warp here: a warp still scanning comes only when asked)
+    for (;;) {
+        bool finished;
+        g.set(gate_rendezvous(buf, capacity, V, sh, warp_hi_key(sm.m), finished));
+        if (finished) break;
+    }
+
+    sm.finish();
+    float m = sm.m, s = sm.s;
     warp_fold_stats(m, s);
-    if (lane == 0) { s_m[warp] = m; s_s[warp] = s; }
+    if (lane == 0) { sh.m[warp] = m; sh.s[warp] = s; }
     __syncthreads();
-    if (warp == 0) fold_stats(s_m, s_s, GEN_WARPS, s_stat, lane);
-    const uint32_t n = s_cnt;                              // >= V: every element above the gate is in buf
-    if (n > (uint32_t)V) gate_prune(buf, n, V, hist, keep, s_w, s_digit, s_above, s_cnt);
+    if (warp == 0) fold_stats(sh.m, sh.s, GATE_WARPS, sh.stat, lane);
+    const uint32_t n = sh.count;                           // V <= n <= capacity: every element above the gate
+    if (n > (uint32_t)V) gate_prune(buf, n, V, 0u, g.cc, __reduce_max_sync(FULL, sh.warp_max[lane]), sh);
     __syncthreads();
-    sort_and_write(buf, V, s_stat, row, top_ids, top_logp);
+    sort_and_write(buf, V, sh.stat, row, top_ids, top_logp);
 }
 
 }  // namespace topk

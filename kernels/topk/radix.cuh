@@ -43,27 +43,34 @@ __device__ __forceinline__ uint32_t block_excl_scan(uint32_t v, uint32_t* s_w, i
     return r;
 }
 
-// The exact radix select of the `need` best composites among those for_each_comp visits (for_each_comp(f) calls
-// f(cc, ok) for each, warp-uniformly): 11-bit digits from the top, each histogram over the elements that share
-// the prefix chosen so far, until the chosen bin holds exactly the number still needed (at most 50 bits). Returns
-// the prefix P and its bits nb: the selected are exactly the composites with (cc >> (COMP_BITS - nb)) >= P.
-// With first_ready, hist already holds the first digit's histogram (hist zero otherwise); hist is zero on return.
+// The radix select of the `need` best composites among those for_each_comp visits (for_each_comp(f) calls f(cc, ok)
+// for each, warp-uniformly), all of which share the top nb0 bits P0 (0, 0: none known): 11-bit digits below the
+// prefix, each histogram over the elements that share the prefix chosen so far, until the chosen bin holds at most
+// `slack` more than the number still needed (slack 0: exactly the `need` best; at most 50 bits). Returns the prefix
+// P and its bits nb: the selected are the composites with (cc >> (COMP_BITS - nb)) >= P, need of them plus at most
+// slack. With first_ready, hist already holds the first digit's histogram (hist zero otherwise); hist is zero on
+// return.
 template <class ForEachComp>
-__device__ __forceinline__ void radix_select(uint32_t need, bool first_ready, ForEachComp&& for_each_comp,
-                                             uint32_t* hist, uint32_t* s_w, uint32_t& s_digit, uint32_t& s_above,
-                                             unsigned long long& P, int& nb) {
+__device__ __forceinline__ void radix_select(uint32_t need, uint32_t slack, bool first_ready, unsigned long long P0,
+                                             int nb0, ForEachComp&& for_each_comp, uint32_t* hist, uint32_t* s_w,
+                                             uint32_t& s_digit, uint32_t& s_above, unsigned long long& P, int& nb) {
     constexpr int T = GEN_THREADS;
     constexpr int BPT = GEN_BINS / T;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    if (!first_ready) {
+    P = P0;
+    nb = nb0;
+    int w = min(11, COMP_BITS - nb);
+    // the histogram of the next digit over the elements with prefix P
+    auto histogram = [&]() {
+        const int shp = COMP_BITS - nb, shd = COMP_BITS - nb - w;
+        const uint32_t mask = (1u << w) - 1u;
+        const unsigned long long Pc = P;
         for_each_comp([&](unsigned long long cc, bool ok) {
-            warp_hist_add(hist, (uint32_t)(cc >> (COMP_BITS - 11)), ok, lane);
+            warp_hist_add(hist, (uint32_t)(cc >> shd) & mask, ok && (cc >> shp) == Pc, lane);
         });
         __syncthreads();
-    }
-    P = 0ull;
-    nb = 0;
-    int w = 11;
+    };
+    if (!first_ready) histogram();
     for (;;) {
         const int nbins = 1 << w;
         uint32_t c = 0u;
@@ -98,40 +105,51 @@ __device__ __forceinline__ void radix_select(uint32_t need, bool first_ready, Fo
         __syncthreads();
         for (int i = tid; i < GEN_BINS; i += T) hist[i] = 0u;
         __syncthreads();
-        if (hd == need) break;          // every element with this prefix is taken (always true at nb = 50)
+        if (hd - need <= slack) break;  // the bin is taken whole (at nb = 50 it holds one element: always)
         w = min(11, COMP_BITS - nb);
-        const int shp = COMP_BITS - nb, shd = COMP_BITS - nb - w;
-        const uint32_t mask = (1u << w) - 1u;
-        const unsigned long long Pc = P;
-        for_each_comp([&](unsigned long long cc, bool ok) {
-            warp_hist_add(hist, (uint32_t)(cc >> shd) & mask, ok && (cc >> shp) == Pc, lane);
-        });
-        __syncthreads();
+        histogram();
     }
 }
 
-// cand[0..V) sorted descending (bitonic, zeros padding to a power of two) and written as row `row`'s outputs:
-// ids, and log-probs from the row's (max, sum-exp) in s_stat.
+// Bitonic sort, descending, of cand[0 .. p2) (p2 a power of two, 32 <= p2 <= GEN_THREADS: one element a thread)
+// by the whole block: strides below 32 between the lanes of a warp (shuffles), the rest through shared memory
+// (15 stages of block barriers at p2 = 1024 instead of 55).
+__device__ __forceinline__ void bitonic_sort_desc(unsigned long long* cand, int p2) {
+    const int tid = threadIdx.x;
+    const bool mine = tid < p2;            // warp-uniform: p2 is a multiple of 32
+    unsigned long long a = mine ? cand[tid] : 0ull;
+    for (int k = 2; k <= p2; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            unsigned long long b;
+            if (j >= 32) {
+                __syncthreads();           // every read of the previous stage is done
+                if (mine) cand[tid] = a;
+                __syncthreads();
+                b = mine ? cand[tid ^ j] : 0ull;
+            } else {
+                b = __shfl_xor_sync(FULL, a, j);
+            }
+            // the lower index of a pair keeps the larger in a descending run ((i & k) == 0), the smaller otherwise
+            const bool lower = (tid & j) == 0, desc = (tid & k) == 0;
+            a = (lower == desc) ? (a > b ? a : b) : (a < b ? a : b);
+        }
+    }
+    __syncthreads();
+    if (mine) cand[tid] = a;
+    __syncthreads();
+}
+
+// cand[0..V) sorted descending (zeros padding to a power of two >= 32) and written as row `row`'s outputs: ids,
+// and log-probs from the row's (max, sum-exp) in s_stat. cand holds at least max(p2, 32) entries.
 __device__ __forceinline__ void sort_and_write(unsigned long long* cand, int V, const float* s_stat, int row,
                                                int* __restrict__ top_ids, float* __restrict__ top_logp) {
     constexpr int T = GEN_THREADS;
     const int tid = threadIdx.x;
-    int p2 = 1;
+    int p2 = 32;
     while (p2 < V) p2 <<= 1;
     for (int i = V + tid; i < p2; i += T) cand[i] = 0ull;
     __syncthreads();
-    for (int k = 2; k <= p2; k <<= 1) {
-        for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int t = tid; t < (p2 >> 1); t += T) {
-                const int i = (t / j) * 2 * j + (t % j);
-                const int pj = i + j;
-                const bool desc = (i & k) == 0;
-                const unsigned long long a = cand[i], bb = cand[pj];
-                if ((a < bb) == desc) { cand[i] = bb; cand[pj] = a; }
-            }
-            __syncthreads();
-        }
-    }
+    bitonic_sort_desc(cand, p2);
     const float bm = s_stat[0];
     const float lsum = logf(s_stat[1]);
     for (int r = tid; r < V; r += T) {
@@ -218,7 +236,7 @@ __device__ __forceinline__ void general_impl(const Tin* __restrict__ logits, int
 
     unsigned long long P;
     int nb;
-    radix_select((uint32_t)V, true,
+    radix_select((uint32_t)V, 0u, true, 0ull, 0,
                  [&](auto&& f) { for_each([&](float x, int j, bool ok) { f(comp(x, j), ok); }); },
                  hist, s_w, s_digit, s_above, P, nb);
 

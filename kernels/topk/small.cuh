@@ -29,15 +29,6 @@ using kdt::lds128;
 using kdt::smem_addr;
 using kdt::store_to_block;
 
-// a[e] for a runtime e without local memory (a select chain over the registers).
-template <int N>
-__device__ __forceinline__ float pick(const float (&a)[N], int e) {
-    float r = a[0];
-#pragma unroll
-    for (int i = 1; i < N; ++i) r = e == i ? a[i] : r;
-    return r;
-}
-
 // One group of NV vectors of E::W elements per lane (vector u holds the ids base0 + u*SMALL_USTRIDE*W + e):
 // online softmax statistics + candidate collection.  Invalid vectors hold -inf (harmless for the statistics)
 // and are excluded from selection by valid[].
