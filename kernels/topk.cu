@@ -30,7 +30,7 @@
 //   resident: grid R*S, one cluster of S = 16 (wide; 8 on sm_120) or 8 (narrow) blocks per row, 256 threads,
 //             dynamic smem max(chunk bytes, kdt_topk_resident_*_min_smem); a chunk <= 16 (wide) / 20 (narrow)
 //             16-byte vectors per thread, vocab a multiple of 16 bytes; wide up to 7 rows, narrow beyond.
-//   gate:     grid R, 1024 threads, ~8.5 KB static smem + dynamic 8 * capacity bytes, capacity =
+//   gate:     grid R, 1024 threads, 8.7 KB static smem + dynamic 8 * capacity bytes, capacity =
 //             max(kdt_topk_gate_room_per_v * V, kdt_topk_gate_min_room) (V = 1024: 32 KB).
 //   general:  grid R, 1024 threads, ~16 KB static smem.
 //

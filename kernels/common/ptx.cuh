@@ -1,6 +1,6 @@
 // kernels/common/ptx.cuh -- the PTX wrappers the kernels share: shared-window addresses, async copies into shared
 // memory (per-thread cp.async and the bulk-copy engine) and bulk L2 prefetches, shared-memory loads, stores and
-// atomics, named barriers, the fast exponential and packed bf16 arithmetic. Device-only, header-only,
+// atomics, block and named barriers, the fast exponential and packed bf16 arithmetic. Device-only, header-only,
 // __forceinline__.
 //
 // Every inline `asm` of the kernels lives in kernels/common/ (this file, cluster.cuh, mbarrier.cuh, mma.cuh,
@@ -136,6 +136,10 @@ __device__ __forceinline__ void shared_store_if(const void* p, uint32_t value, b
     asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %2, 0;\n\t@p st.shared.u32 [%0], %1;\n\t}"
                  :: "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(value), "r"((uint32_t)store) : "memory");
 }
+
+// ---- block barrier 0 for threads that reach it from different places (barrier.sync without .aligned: every
+// thread of the block counts, wherever it arrives from; __syncthreads is bar.sync, the aligned kind)
+__device__ __forceinline__ void block_barrier_divergent() { asm volatile("barrier.sync 0;\n" ::: "memory"); }
 
 // ---- named barriers: `count` threads (a multiple of 32) of the block meet at barrier `id` (1..15; 0 is
 // __syncthreads)

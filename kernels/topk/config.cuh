@@ -95,7 +95,6 @@ static_assert(GEN_BINS % GEN_THREADS == 0, "bins per thread");
 constexpr int GATE_THREADS = GEN_THREADS;     // radix_select and sort_and_write run on GEN_THREADS
 constexpr int GATE_WARPS = GATE_THREADS / 32;
 constexpr int GATE_U = 4;                     // 16-byte vectors in flight per thread and step
-constexpr int GATE_PREFETCH = 2;              // steps a warp's run is prefetched into L2 ahead of its loads
 constexpr int GATE_ROOM_PER_V = 4;            // the buffer: GATE_ROOM_PER_V * V entries, at least GATE_MIN_ROOM
 constexpr int GATE_MIN_ROOM = 2048;
 constexpr int GATE_MAX_CAPACITY = GATE_ROOM_PER_V * MAX_V > GATE_MIN_ROOM ? GATE_ROOM_PER_V * MAX_V : GATE_MIN_ROOM;

@@ -1,11 +1,12 @@
 // kernels/topk/gate.cuh -- the gate path (32 < V <= 1024, rows 16-byte aligned): one block of 1024 threads per row
 // reads the row once, in 16-byte vectors, and keeps in a shared buffer every element whose composite reaches the
-// gate, a lower bound of the row's V-th best composite. The warps stream without block barriers: a warp whose
-// append finds the buffer full raises a flag, every warp meets the others at its next step (or at once, if it has
-// finished), and the block prunes the buffer by radix select, which raises the gate. The softmax statistics ride
-// in the same pass; an exact prune, a sort and the outputs end it. Exact: an element below the gate is below V
-// kept ones. gate_impl<Tin> serves kdt_topk_gate_{f32,bf16}. Plan and measurements: plans/kernels/topk.md,
-// "Wide V".
+// gate, a lower bound of the row's V-th best composite (opened at the first step's V-th best vector maximum). The
+// warps stream without block barriers: a warp whose append passes a mark (or finds the buffer full) raises a flag,
+// every warp meets the others at the end of its step (at once, if the buffer is full or it has finished), and the
+// block prunes the buffer by radix select, which raises the gate. The meeting's barriers are the divergent kind
+// (warps reach them from different places). The softmax statistics ride in the same pass; an exact prune, a sort
+// and the outputs end it. Exact: an element below the gate is below V kept ones. gate_impl<Tin> serves
+// kdt_topk_gate_{f32,bf16}. Design, figures: plans/kernels/topk.md, "Gate path (wide V)".
 #pragma once
 
 #include <float.h>
@@ -40,7 +41,7 @@ struct GateShared {
     unsigned long long gate;        // the gate after the last prune
     uint32_t digit, above;          // radix_select's
     uint32_t count;                 // entries reserved in the buffer (may run past the capacity: then full)
-    uint32_t prune;                 // a warp found the buffer full
+    uint32_t prune;                 // a warp asks for a prune (its append passed the mark or found the buffer full)
 };
 
 // The gate G (a composite: every kept element reaches it) in the forms the scan tests: x > gf passes, x == gf
@@ -65,7 +66,8 @@ struct BlockGate {
 };
 
 // buf[0 .. n) (n > V) pruned in place to its V best plus at most `slack` (those of the radix select's last bin);
-// returns the new gate. Every entry lies in [gate, (hi_key, any id)]: their common prefix is skipped.
+// returns the new gate. Every entry lies in [gate, (hi_key, any id)]: their common prefix is skipped. Its barriers
+// are the divergent kind: the warps may have come from different places (gate_rendezvous).
 __device__ __forceinline__ unsigned long long gate_prune(unsigned long long* buf, uint32_t n, int V, uint32_t slack,
                                                          unsigned long long gate, uint32_t hi_key, GateShared& sh) {
     constexpr int T = GATE_THREADS;
@@ -75,7 +77,7 @@ __device__ __forceinline__ unsigned long long gate_prune(unsigned long long* buf
     const int nb0 = diff ? __clzll((long long)diff) - (64 - COMP_BITS) : COMP_BITS - 1;
     unsigned long long P;
     int nb;
-    radix_select((uint32_t)V, slack, false, hi >> (COMP_BITS - nb0), nb0,
+    radix_select<DivergentBarrier>((uint32_t)V, slack, false, hi >> (COMP_BITS - nb0), nb0,
                  [&](auto&& f) {
                      for (uint32_t b = 0; b < n; b += T) {
                          const uint32_t i = b + tid;
@@ -92,7 +94,7 @@ __device__ __forceinline__ unsigned long long gate_prune(unsigned long long* buf
         held[q] = i < n ? buf[i] : 0ull;
     }
     if (tid == 0) sh.count = 0u;
-    __syncthreads();
+    DivergentBarrier::sync();
 #pragma unroll
     for (int q = 0; q < GATE_MAX_CAPACITY / T; ++q) {
         const uint32_t i = (uint32_t)(q * T + tid);
@@ -110,52 +112,51 @@ __device__ __forceinline__ unsigned long long gate_prune(unsigned long long* buf
         sh.gate = raised;
         sh.prune = 0u;
     }
-    __syncthreads();
+    DivergentBarrier::sync();
     return raised;
 }
 
 // Where the warps meet: every warp of the block calls it, from wherever it is (a single body, so its barriers are
-// the same instructions for all). If a warp found the buffer full, the block prunes it; `finished`: no prune was
+// the same instructions for all). If a warp asked for a prune, the block prunes the buffer; `finished`: no prune was
 // asked, so every warp has finished its steps (a scanning warp comes only when a prune is asked). Returns the
 // gate. hi_key: the largest key the warp has seen.
 __device__ __noinline__ unsigned long long gate_rendezvous(unsigned long long* buf, int capacity, int V,
                                                            GateShared& sh, uint32_t hi_key, bool& finished) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncwarp();
     if (lane == 0) sh.warp_max[warp] = hi_key;
-    __syncthreads();
+    kdt::block_barrier_divergent();
     const bool prune = sh.prune != 0u;
     finished = !prune;
     if (!prune) return sh.gate;
     const uint32_t hi = __reduce_max_sync(FULL, sh.warp_max[lane]);
     const uint32_t n = min(sh.count, (uint32_t)capacity);
-    // an intermediate prune may keep the radix select's last bin whole (up to V more: at most half the buffer)
-    return gate_prune(buf, n, V, (uint32_t)min(V, capacity / 2 - V), sh.gate, hi, sh);
+    // an intermediate prune may keep the radix select's last bin whole (up to V / 2 more, below the mark)
+    return gate_prune(buf, n, V, (uint32_t)V / 2u, sh.gate, hi, sh);
 }
 
 // The warp's largest key so far (the rendezvous' upper bound of the buffer).
 __device__ __forceinline__ uint32_t warp_hi_key(float m) { return __reduce_max_sync(FULL, f2key(m)); }
 
 // Appends the elements of one vector (x, ids id0 + e) whose bits are set in `pass` (per lane) to the buffer, one
-// reservation per warp; when the buffer is full, meets the block for a prune and re-tests what is left.
+// shared atomic per lane with candidates (they are few: a scan over the warp would cost more). Past `mark` the warp
+// asks for a prune (the warps meet at their next step's end); when the buffer is full, it meets them now and
+// re-tests what is left against the raised gate.
 template <int W>
 __device__ __forceinline__ void gate_append(const float (&x)[W], uint32_t id0, uint32_t pass, BlockGate& g,
-                                            unsigned long long* buf, int capacity, int V, GateShared& sh, float m) {
-    const int lane = threadIdx.x & 31;
+                                            unsigned long long* buf, int capacity, uint32_t mark, int V,
+                                            GateShared& sh, float m) {
     while (__any_sync(FULL, pass != 0u)) {
         const uint32_t c = (uint32_t)__popc(pass);
-        const uint32_t incl = kdt::warp_inclusive_scan(c);
-        const uint32_t total = __shfl_sync(FULL, incl, 31);
-        uint32_t base = 0u;
-        if (lane == 31) base = atomicAdd(&sh.count, total);
-        base = __shfl_sync(FULL, base, 31);
-        uint32_t slot = base + incl - c;
+        uint32_t slot = c ? atomicAdd(&sh.count, c) : 0u;
+        const bool past_mark = c && slot + c > mark;
         while (pass != 0u && slot < (uint32_t)capacity) {
             const int e = __ffs(pass) - 1;
             pass &= pass - 1u;
             buf[slot++] = comp(pick(x, e), (int)(id0 + (uint32_t)e));
         }
-        if (base + total > (uint32_t)capacity) {   // warp-uniform: the buffer is full
-            if (lane == 0) *reinterpret_cast<volatile uint32_t*>(&sh.prune) = 1u;
+        if (__any_sync(FULL, past_mark) && (threadIdx.x & 31) == 0) atomicOr(&sh.prune, 1u);
+        if (__any_sync(FULL, pass != 0u)) {   // the buffer is full
             bool finished;
             g.set(gate_rendezvous(buf, capacity, V, sh, warp_hi_key(m), finished));
             uint32_t left = 0u;
@@ -179,7 +180,7 @@ __device__ __forceinline__ unsigned long long gate_from_maxima(const typename E:
                     (ID_MASK - (uint32_t)(threadIdx.x * U + u));
     unsigned long long P;
     int nb;
-    radix_select((uint32_t)V, (uint32_t)V, false, 0ull, 0,
+    radix_select<AlignedBarrier>((uint32_t)V, (uint32_t)V, false, 0ull, 0,
                  [&](auto&& f) {
 #pragma unroll
                      for (int u = 0; u < U; ++u) f(tagged[u], valid[u]);
@@ -213,6 +214,8 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
     const int row = blockIdx.x;
     const Vec* rp = reinterpret_cast<const Vec*>(logits + (size_t)row * (size_t)vocab);
     const int vectors = vocab / W;
+    // a prune is asked for past 2 V + 128 entries (it leaves at most 1.5 V): the gate rises while the row is read
+    const uint32_t mark = (uint32_t)min(2 * V + 128, capacity / 2);
 
     for (int i = tid; i < GEN_BINS; i += T) sh.hist[i] = 0u;
     if (tid == 0) {
@@ -221,21 +224,12 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
     }
     __syncthreads();
 
-    // Each warp's share of a step is one contiguous run of 32 * U vectors (a load instruction reads 512 bytes of
-    // it); the run GATE_PREFETCH steps ahead goes to L2 by one bulk prefetch, so the loads find it there.
+    // each warp's share of a step is one contiguous run of 32 * U vectors (a load instruction reads 512 bytes of it)
     const int warp_first = warp * 32 * U;
-    auto prefetch = [&](int first) {
-        const int at = first + warp_first;
-        if (lane == 0 && at < vectors)
-            kdt::bulk_prefetch_l2(rp + at, (uint32_t)min(32 * U, vectors - at) * (uint32_t)VEC_BYTES);
-    };
-#pragma unroll
-    for (int d = 1; d <= GATE_PREFETCH; ++d) prefetch(d * T * U);
 
     Softmax sm;
     BlockGate g;
     for (int first = 0; first < vectors; first += T * U) {
-        prefetch(first + (GATE_PREFETCH + 1) * T * U);
         Vec v[U];
         bool valid[U];
 #pragma unroll
@@ -265,15 +259,18 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
                         uint32_t pass = 0u;
 #pragma unroll
                         for (int e = 0; e < W; ++e) pass |= (hot & g.passes(x[e], id0 + (uint32_t)e) ? 1u : 0u) << e;
-                        gate_append(x, id0, pass, g, buf, capacity, V, sh, sm.m);
+                        gate_append(x, id0, pass, g, buf, capacity, mark, V, sh, sm.m);
                     }
                 }
             }
             sm.rebase_warp(rebase, gm);
         }
         add_group<E>(sm, v);
-        // another warp found the buffer full: meet it (the flag stays up until the prune is over)
-        if (__any_sync(FULL, *reinterpret_cast<volatile uint32_t*>(&sh.prune) != 0u)) {
+        // another warp asked for a prune: meet it (the flag stays up until the prune is over; an atomic read, as
+        // the flag's writes are, outside the barriers)
+        uint32_t asked = 0u;
+        if (lane == 0) asked = atomicOr(&sh.prune, 0u);
+        if (__shfl_sync(FULL, asked, 0) != 0u) {
             bool finished;
             g.set(gate_rendezvous(buf, capacity, V, sh, warp_hi_key(sm.m), finished));
         }

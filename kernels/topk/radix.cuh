@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "common/bits.cuh"
+#include "common/ptx.cuh"
 #include "topk/config.cuh"
 #include "topk/elements.cuh"
 #include "topk/keys.cuh"
@@ -28,18 +29,28 @@ __device__ __forceinline__ void warp_hist_add(uint32_t* hist, uint32_t bin, bool
     if (ok && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (uint32_t)__popc(peers));
 }
 
+// The block barrier of the select's steps: __syncthreads where every thread comes from the same code (the general
+// path), the divergent kind where warps entered from different places (the gate path's prune, see gate.cuh).
+struct AlignedBarrier {
+    __device__ __forceinline__ static void sync() { __syncthreads(); }
+};
+struct DivergentBarrier {
+    __device__ __forceinline__ static void sync() { kdt::block_barrier_divergent(); }
+};
+
 // Exclusive prefix sum over the block in thread order (GEN_THREADS threads).
+template <class Barrier>
 __device__ __forceinline__ uint32_t block_excl_scan(uint32_t v, uint32_t* s_w, int lane, int warp) {
     const uint32_t inc = kdt::warp_inclusive_scan(v);
     if (lane == 31) s_w[warp] = inc;
-    __syncthreads();
+    Barrier::sync();
     if (warp == 0) {
         const uint32_t t = kdt::warp_inclusive_scan(lane < GEN_WARPS ? s_w[lane] : 0u);
         if (lane < GEN_WARPS) s_w[lane] = t;
     }
-    __syncthreads();
+    Barrier::sync();
     const uint32_t r = (warp ? s_w[warp - 1] : 0u) + inc - v;
-    __syncthreads();
+    Barrier::sync();
     return r;
 }
 
@@ -48,9 +59,9 @@ __device__ __forceinline__ uint32_t block_excl_scan(uint32_t v, uint32_t* s_w, i
 // prefix, each histogram over the elements that share the prefix chosen so far, until the chosen bin holds at most
 // `slack` more than the number still needed (slack 0: exactly the `need` best; at most 50 bits). Returns the prefix
 // P and its bits nb: the selected are the composites with (cc >> (COMP_BITS - nb)) >= P, need of them plus at most
-// slack. With first_ready, hist already holds the first digit's histogram (hist zero otherwise); hist is zero on
-// return.
-template <class ForEachComp>
+// slack. Barrier: AlignedBarrier or DivergentBarrier. With first_ready, hist already holds the first digit's
+// histogram (hist zero otherwise); hist is zero on return.
+template <class Barrier, class ForEachComp>
 __device__ __forceinline__ void radix_select(uint32_t need, uint32_t slack, bool first_ready, unsigned long long P0,
                                              int nb0, ForEachComp&& for_each_comp, uint32_t* hist, uint32_t* s_w,
                                              uint32_t& s_digit, uint32_t& s_above, unsigned long long& P, int& nb) {
@@ -68,7 +79,7 @@ __device__ __forceinline__ void radix_select(uint32_t need, uint32_t slack, bool
         for_each_comp([&](unsigned long long cc, bool ok) {
             warp_hist_add(hist, (uint32_t)(cc >> shd) & mask, ok && (cc >> shp) == Pc, lane);
         });
-        __syncthreads();
+        Barrier::sync();
     };
     if (!first_ready) histogram();
     for (;;) {
@@ -79,7 +90,7 @@ __device__ __forceinline__ void radix_select(uint32_t need, uint32_t slack, bool
             const int idx = tid * BPT + q;
             if (idx < nbins) c += hist[nbins - 1 - idx];
         }
-        const uint32_t ex = block_excl_scan(c, s_w, lane, warp);
+        const uint32_t ex = block_excl_scan<Barrier>(c, s_w, lane, warp);
         if (ex < need && need <= ex + c) {   // exactly one thread
             uint32_t run = ex;
 #pragma unroll
@@ -96,15 +107,15 @@ __device__ __forceinline__ void radix_select(uint32_t need, uint32_t slack, bool
                 }
             }
         }
-        __syncthreads();
+        Barrier::sync();
         const uint32_t d = s_digit;
         const uint32_t hd = hist[d];
         need -= s_above;
         P = (P << w) | d;
         nb += w;
-        __syncthreads();
+        Barrier::sync();
         for (int i = tid; i < GEN_BINS; i += T) hist[i] = 0u;
-        __syncthreads();
+        Barrier::sync();
         if (hd - need <= slack) break;  // the bin is taken whole (at nb = 50 it holds one element: always)
         w = min(11, COMP_BITS - nb);
         histogram();
@@ -236,7 +247,7 @@ __device__ __forceinline__ void general_impl(const Tin* __restrict__ logits, int
 
     unsigned long long P;
     int nb;
-    radix_select((uint32_t)V, 0u, true, 0ull, 0,
+    radix_select<AlignedBarrier>((uint32_t)V, 0u, true, 0ull, 0,
                  [&](auto&& f) { for_each([&](float x, int j, bool ok) { f(comp(x, j), ok); }); },
                  hist, s_w, s_digit, s_above, P, nb);
 
