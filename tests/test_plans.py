@@ -86,6 +86,8 @@ def test_topk_paths_by_rows_and_fan_out(targets):
     assert _topk(sm120, 15, 163840, 8, resident=False).launches[0].cluster == 8
     wide = _topk(sm120, 8 * 15, 163840, 1024, "bfloat16")
     assert wide.path == "gate" and wide.launches[0].dynamic_smem == 8 * wide.fact("buffer entries") <= 64 * 1024
+    # the buffer: max(4 V, 2048) entries (a prune keeps at most 1.5 V; the prune mark is min(2 V + 128, half))
+    assert [_topk(sm120, 15, 163840, V).fact("buffer entries") for V in (33, 512, 1024)] == [2048, 2048, 4096]
 
 
 @pytest.mark.nvcc

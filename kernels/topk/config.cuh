@@ -101,7 +101,8 @@ constexpr int GATE_MAX_CAPACITY = GATE_ROOM_PER_V * MAX_V > GATE_MIN_ROOM ? GATE
 static_assert(MAX_V <= GEN_THREADS, "bitonic sort: one element a thread");
 static_assert(GATE_MAX_CAPACITY % GATE_THREADS == 0, "a prune holds the buffer in registers, whole rows of it");
 static_assert(GATE_MIN_ROOM >= 2 * 32 * 8 + 32 && GATE_ROOM_PER_V >= 4,
-              "an intermediate prune keeps at most half the buffer (>= V + a warp's vector)");
+              "a prune keeps at most 1.5 V: below the mark (min(2 V + 128, capacity / 2)), with room for a warp's "
+              "vector");
 static_assert(MAX_VOCAB <= (1 << ID_BITS), "an id fits the composite's id field");
 
 }  // namespace topk
