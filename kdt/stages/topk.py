@@ -61,6 +61,17 @@ def make_cases() -> list[Case]:
                        "256th place", 113, 256, to_bf16(quantised_logits(rng(113), 1, 2, 65536))))
     cases.append(_case("wide_v1024_quantised_vocab16384", "V=1024, integer logits: ~990 tied at the 1024th place",
                        114, 1024, quantised_logits(rng(114), 1, 2, 16384)))
+    # the gate path's worst orders: every element beats the gate so far (prunes all the way), and fewer finite
+    # logits than V (the gate stays at -inf's key)
+    ascending = np.sort(drafter_logits(rng(115), 1, 2, 65536), axis=-1)
+    ascending[0, 1] = ascending[0, 1, ::-1]
+    cases.append(_case("wide_v64_ascending_vocab65536", "V=64 over an ascending and a descending row (the gate rises "
+                       "at every element of the first after its first step)", 115, 64, ascending))
+    sparse = np.full((1, 2, 8192), -np.inf, np.float32)
+    draw = rng(116)
+    sparse[0][:, draw.choice(8192, 40, replace=False)] = draw.standard_normal((2, 40)).astype(np.float32)
+    cases.append(_case("wide_v100_sparse_vocab8192_bf16", "V=100 over 40 finite logits: the rest -inf, ids decide",
+                       116, 100, to_bf16(sparse)))
     return cases
 
 
