@@ -43,7 +43,11 @@ def test_cache_key_follows_source_headers_arch_and_nvcc(tmp_path, monkeypatch):
 # kdt_tree_sample_slots runs at two blocks per SM (64 registers a thread) so that G1 N16's 16 clusters start in one
 # wave on the H200 (at one block per SM the 16th waited for the first 15: 24.9 us against 13.8, same run;
 # plans/kernels/tree-sample.md). Measured with nvcc 13.0 (version 10): 196 bytes on sm_90 / sm_90a, 124 on sm_120.
-SPILL_STORE_BYTES_ALLOWED = {"kdt_tree_sample_slots": 256}
+# kdt_topk_gate_*: 1,024 threads a block (the prune's radix select and sort are whole-block) leave 64 registers;
+# the spills are the saves around the noinline meeting (gate_rendezvous) and loop-carried values reloaded each step
+# (plans/kernels/topk.md, "Gate path", where the timed build has them). nvcc 13.0: f32 132 / bf16 216 bytes on
+# sm_90, 88 / 140 on sm_120.
+SPILL_STORE_BYTES_ALLOWED = {"kdt_tree_sample_slots": 256, "kdt_topk_gate_f32": 160, "kdt_topk_gate_bf16": 256}
 
 
 @pytest.mark.nvcc
