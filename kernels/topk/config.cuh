@@ -97,8 +97,11 @@ constexpr int GATE_WARPS = GATE_THREADS / 32;
 constexpr int GATE_U = 4;                     // 16-byte vectors in flight per thread and step
 constexpr int GATE_ROOM_PER_V = 4;            // the buffer: GATE_ROOM_PER_V * V entries, at least GATE_MIN_ROOM
 constexpr int GATE_MIN_ROOM = 2048;
+constexpr int GATE_RANK_BIN = 64;             // the final sort by rank within bins, up to this many a bin
 constexpr int GATE_MAX_CAPACITY = GATE_ROOM_PER_V * MAX_V > GATE_MIN_ROOM ? GATE_ROOM_PER_V * MAX_V : GATE_MIN_ROOM;
 static_assert(MAX_V <= GEN_THREADS, "bitonic sort: one element a thread");
+static_assert(GATE_MIN_ROOM >= 2 * 512 + GEN_BINS / 2 && GATE_ROOM_PER_V >= 2 + 1,
+              "the rank sort's scratch (2 V + GEN_BINS / 2 entries) fits the buffer: max(4 V, 2048) >= 2 V + 1024");
 static_assert(GATE_MAX_CAPACITY % GATE_THREADS == 0, "a prune holds the buffer in registers, whole rows of it");
 static_assert(GATE_MIN_ROOM >= 2 * 32 * 8 + 32 && GATE_ROOM_PER_V >= 4,
               "a prune keeps at most 1.5 V: below the mark (min(2 V + 128, capacity / 2)), with room for a warp's "

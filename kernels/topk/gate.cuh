@@ -191,6 +191,58 @@ __device__ __forceinline__ unsigned long long gate_from_maxima(const typename E:
     return gate;   // sh.gate is read only after a later barrier
 }
 
+// buf[0 .. V): the row's V best composites, all in [lo, hi]; written in descending order as row `row`'s outputs.
+// An entry's place = the entries in higher bins of an 11-bit digit just below the common prefix of lo and hi, plus
+// the larger ones of its own bin: bins of real logits hold a few. A bin of more than GATE_RANK_BIN entries (tied
+// keys share one) takes the bitonic sort instead. buf[V .. 2 V + GEN_BINS / 2) is scratch (capacity >= that).
+__device__ __forceinline__ void rank_sort_and_write(unsigned long long* buf, int V, unsigned long long lo,
+                                                    unsigned long long hi, GateShared& sh, int row,
+                                                    int* __restrict__ top_ids, float* __restrict__ top_logp) {
+    constexpr int T = GATE_THREADS;
+    constexpr int BPT = GEN_BINS / T;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    uint32_t* const base = reinterpret_cast<uint32_t*>(buf + V);     // [GEN_BINS]: entries in the bins above
+    unsigned long long* const grouped = buf + V + GEN_BINS / 2;       // [V]: the entries, bin by bin
+    const unsigned long long diff = lo ^ hi;
+    const int top = diff ? 63 - __clzll((long long)diff) : 0;
+    const int shift = max(0, top - 10);                               // the digit: bits shift .. top
+    const bool mine = tid < V;                                        // V <= T
+    const unsigned long long e = mine ? buf[tid] : 0ull;
+    const uint32_t bin = (uint32_t)(e >> shift) & (uint32_t)(GEN_BINS - 1);
+    if (mine) atomicAdd(&sh.hist[bin], 1u);                           // hist is zero (radix_select leaves it so)
+    __syncthreads();
+    uint32_t count[BPT], c = 0u;
+#pragma unroll
+    for (int q = 0; q < BPT; ++q) {                                   // thread t: bins 2047 - 2t, 2046 - 2t
+        count[q] = sh.hist[GEN_BINS - 1 - (tid * BPT + q)];
+        c += count[q];
+    }
+    if (__syncthreads_or(c > (uint32_t)GATE_RANK_BIN)) {             // a crowded bin: the bitonic sort
+        for (int i = tid; i < GEN_BINS; i += T) sh.hist[i] = 0u;
+        __syncthreads();
+        sort_and_write(buf, V, sh.stat, row, top_ids, top_logp);
+        return;
+    }
+    uint32_t above = block_excl_scan<AlignedBarrier>(c, sh.warp_sum, lane, warp);
+#pragma unroll
+    for (int q = 0; q < BPT; ++q) {
+        base[GEN_BINS - 1 - (tid * BPT + q)] = above;
+        above += count[q];
+    }
+    __syncthreads();
+    if (mine) grouped[base[bin] + atomicSub(&sh.hist[bin], 1u) - 1u] = e;   // hist ends zero
+    __syncthreads();
+    if (mine) {
+        const uint32_t from = base[bin];
+        const uint32_t to = (bin == 0u) ? (uint32_t)V : base[bin - 1u];
+        uint32_t place = from;
+        for (uint32_t t = from; t < to; ++t) place += (grouped[t] > e) ? 1u : 0u;
+        const size_t o = (size_t)row * V + place;
+        top_ids[o] = (int)(ID_MASK - (uint32_t)(e & ID_MASK));
+        top_logp[o] = (key2f((uint32_t)(e >> ID_BITS)) - sh.stat[0]) - logf(sh.stat[1]);
+    }
+}
+
 // A row's top V and log-probabilities from one block and one read: buf (dynamic shared memory) holds `capacity`
 // entries, gate_capacity(V).
 template <typename Tin>
@@ -289,10 +341,13 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
     if (lane == 0) { sh.m[warp] = m; sh.s[warp] = s; }
     __syncthreads();
     if (warp == 0) fold_stats(sh.m, sh.s, GATE_WARPS, sh.stat, lane);
-    const uint32_t n = sh.count;                           // V <= n <= capacity: every element above the gate
-    if (n > (uint32_t)V) gate_prune(buf, n, V, 0u, g.cc, __reduce_max_sync(FULL, sh.warp_max[lane]), sh);
+    // every element above the gate is in buf (V <= count <= capacity): the exact prune, then the sort
+    const uint32_t n = sh.count;
+    const uint32_t hi_key = __reduce_max_sync(FULL, sh.warp_max[lane]);
+    const unsigned long long lo = n > (uint32_t)V ? gate_prune(buf, n, V, 0u, g.cc, hi_key, sh) : g.cc;
     __syncthreads();
-    sort_and_write(buf, V, sh.stat, row, top_ids, top_logp);
+    const unsigned long long hi = ((unsigned long long)hi_key << ID_BITS) | ID_MASK;
+    rank_sort_and_write(buf, V, lo, hi, sh, row, top_ids, top_logp);
 }
 
 }  // namespace topk
