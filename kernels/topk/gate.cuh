@@ -293,31 +293,15 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
         // The first step opens the gate at the V-th best of its vector maxima (V vectors hold an element at
         // least as good), so that it appends about V elements, not all of them.
         if (first == 0 && min(vectors, T * U) >= V) g.set(gate_from_maxima<E>(v, valid, V, sh));
-        const float gm = group_max<E>(v);
-        sm.m = fmaxf(sm.m, gm);
-        // the rare work of a step behind one warp vote (as the small path's process_group): candidates (some lane
-        // has gm >= gf), then the rescale of the softmax base (some lane has gm > b)
-        const bool maybe_hot = gm >= g.gf;
-        const bool rebase = sm.needs_rebase(gm);
-        if (__any_sync(FULL, maybe_hot || rebase)) {
-            if (__any_sync(FULL, maybe_hot)) {
+        scan_group<E>(v, valid, sm, g, [&](int u, bool hot) {
+            float x[W];
+            E::unpack(v[u], x);
+            const uint32_t id0 = (uint32_t)(first + warp_first + u * 32 + lane) * (uint32_t)W;
+            uint32_t pass = 0u;
 #pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const bool hot = valid[u] && E::vmax_float(E::vmax(v[u])) >= g.gf;
-                    if (__any_sync(FULL, hot)) {
-                        float x[W];
-                        E::unpack(v[u], x);
-                        const uint32_t id0 = (uint32_t)(first + warp_first + u * 32 + lane) * (uint32_t)W;
-                        uint32_t pass = 0u;
-#pragma unroll
-                        for (int e = 0; e < W; ++e) pass |= (hot & g.passes(x[e], id0 + (uint32_t)e) ? 1u : 0u) << e;
-                        gate_append(x, id0, pass, g, buf, capacity, mark, V, sh, sm.m);
-                    }
-                }
-            }
-            sm.rebase_warp(rebase, gm);
-        }
-        add_group<E>(sm, v);
+            for (int e = 0; e < W; ++e) pass |= (hot & g.passes(x[e], id0 + (uint32_t)e) ? 1u : 0u) << e;
+            gate_append(x, id0, pass, g, buf, capacity, mark, V, sh, sm.m);
+        });
         // another warp asked for a prune: meet it (the flag stays up until the prune is over; an atomic read, as
         // the flag's writes are, outside the barriers)
         uint32_t asked = 0u;

@@ -37,48 +37,29 @@ __device__ __forceinline__ void process_group(const typename E::Vec (&v)[NV], co
                                               Softmax& sm, Gate& g, uint2* buf, uint32_t* cnt,
                                               uint32_t* out_k, uint32_t* out_i, int lane) {
     constexpr int VW = E::W;
-    const float gm = group_max<E>(v);
-    sm.m = fmaxf(sm.m, gm);
-
-    // The rare work of a group, behind one warp vote: candidates (some lane has gm >= gf) and the rescale
-    // of the softmax base (some lane has gm > b).  Candidates first, so that the vectors die in the
-    // exponentials below (fewer live registers there).  A hot valid vector implies gm >= gf.  (Invalid
-    // vectors hold -inf, so with an open gate, gf = -inf, padding alone can enter, where the per-vector test
-    // below finds nothing.)
-    const bool maybe_hot = gm >= g.gf;
-    const bool rebase = sm.needs_rebase(gm);
-    if (__any_sync(FULL, maybe_hot || rebase)) {
-        if (__any_sync(FULL, maybe_hot)) {
+    // A hot valid vector implies gm >= gf. (Invalid vectors hold -inf, so with an open gate, gf = -inf, padding
+    // alone can enter, where the per-vector test below finds nothing.)
+    scan_group<E>(v, valid, sm, g, [&](int u, bool hot) {
+        // one read, broadcast: warp-uniform, and taken before any lane appends
+        if (__shfl_sync(FULL, *cnt, 0) > (uint32_t)(SMALL_CAPW - 32 * VW))
+            warp_compact<VT, VW>(buf, cnt, out_k, out_i, g, lane);
+        if (hot) {
+            // usually one element of the vector passes: key and append only those
+            float x[VW];
+            E::unpack(v[u], x);
+            uint32_t pass = 0;
 #pragma unroll
-            for (int u = 0; u < NV; ++u) {
-                const bool hot = valid[u] && E::vmax_float(E::vmax(v[u])) >= g.gf;
-                if (__any_sync(FULL, hot)) {
-                    // one read, broadcast: warp-uniform, and taken before any lane appends
-                    if (__shfl_sync(FULL, *cnt, 0) > (uint32_t)(SMALL_CAPW - 32 * VW))
-                        warp_compact<VT, VW>(buf, cnt, out_k, out_i, g, lane);
-                    if (hot) {
-                        // usually one element of the vector passes: key and append only those
-                        float x[VW];
-                        E::unpack(v[u], x);
-                        uint32_t pass = 0;
-#pragma unroll
-                        for (int e = 0; e < VW; ++e) pass |= (x[e] >= g.gf ? 1u : 0u) << e;
-                        while (pass) {
-                            const int e = __ffs(pass) - 1;
-                            pass &= pass - 1u;
-                            const uint32_t k = f2key(pick(x, e));
-                            const uint32_t id = base0 + (uint32_t)(u * SMALL_USTRIDE * VW + e);
-                            if (better(k, id, g.gk, g.gi)) buf[atomicAdd(cnt, 1u)] = make_uint2(k, id);
-                        }
-                    }
-                    __syncwarp();
-                }
+            for (int e = 0; e < VW; ++e) pass |= (x[e] >= g.gf ? 1u : 0u) << e;
+            while (pass) {
+                const int e = __ffs(pass) - 1;
+                pass &= pass - 1u;
+                const uint32_t k = f2key(pick(x, e));
+                const uint32_t id = base0 + (uint32_t)(u * SMALL_USTRIDE * VW + e);
+                if (better(k, id, g.gk, g.gi)) buf[atomicAdd(cnt, 1u)] = make_uint2(k, id);
             }
         }
-        sm.rebase_warp(rebase, gm);
-    }
-
-    add_group<E>(sm, v);
+        __syncwarp();
+    });
 }
 
 // Workspace parts are padded to 256 bytes (kdt/launch/topk.py: workspace_nbytes).

@@ -1,6 +1,7 @@
 // kernels/topk/softmax.cuh -- the softmax statistics, gathered in the same read of the logits as the selection:
 // (m, s) pairs with s = sum exp(x - m) and their merges (stat_merge, raise_max, warp / block folds), and the small
-// and resident paths' online softmax per group of vectors (Softmax, group_max, group_exp_sum, add_group). Used by
+// and resident paths' online softmax per group of vectors (Softmax, group_max, group_exp_sum, add_group), and the
+// scan step the small and gate paths share (scan_group). Used by
 // every entry point. The modes, the base margin and the error budget: plans/kernels/topk.md, "Softmax statistics".
 #pragma once
 
@@ -146,6 +147,30 @@ template <typename E, int NV>
 __device__ __forceinline__ void add_group(Softmax& sm, const typename E::Vec (&v)[NV]) {
     if (sm.warp_fused) sm.s = fmaf(group_exp_sum<true, E>(v, sm), sm.c, sm.s);
     else sm.s += group_exp_sum<false, E>(v, sm);
+}
+
+// One group of NV vectors of a scan (the small and gate paths): the running maximum, then the rare work behind one
+// warp vote: on_hot(u, hot) for each vector u some lane of which may hold a candidate (its maximum reaches g.gf;
+// called warp-uniformly, g read anew for each vector as on_hot may raise it), and the rescale of the softmax base;
+// then the group's exponentials, after the candidates so that the vectors die there (fewer live registers).
+template <typename E, int NV, class GateT, class OnHot>
+__device__ __forceinline__ void scan_group(const typename E::Vec (&v)[NV], const bool (&valid)[NV], Softmax& sm,
+                                           const GateT& g, OnHot&& on_hot) {
+    const float gm = group_max<E>(v);
+    sm.m = fmaxf(sm.m, gm);
+    const bool maybe_hot = gm >= g.gf;
+    const bool rebase = sm.needs_rebase(gm);
+    if (__any_sync(FULL, maybe_hot || rebase)) {
+        if (__any_sync(FULL, maybe_hot)) {
+#pragma unroll
+            for (int u = 0; u < NV; ++u) {
+                const bool hot = valid[u] && E::vmax_float(E::vmax(v[u])) >= g.gf;
+                if (__any_sync(FULL, hot)) on_hot(u, hot);
+            }
+        }
+        sm.rebase_warp(rebase, gm);
+    }
+    add_group<E>(sm, v);
 }
 
 }  // namespace topk
