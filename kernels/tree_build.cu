@@ -8,15 +8,16 @@
 //           written. Nodes are taken best-first (score = fl32 sum of log-probs along the path; ties: the smaller
 //           parent slot, then the smaller rank) until B are taken or every candidate is -inf.
 //
-// Entry points: kdt_tree_build_p{NPL}, kdt_tree_build_p{NPL}_select, kdt_tree_build_p{NPL}_g, NPL in {1, 2, 4, 8,
+// Entry points: kdt_tree_build_p{NPL}{,_select,_g,_g_select}, NPL in {1, 2, 4, 8,
 //   16, 32} = slots per lane of warp 0, the smallest power of two >= ceil(N / 32). Three paths, same outputs:
 //   small   (tree_build/small.cuh)  p1 / p2 without a select pool (cap == 0): B <= 63, warp 0 alone, one or two
 //           slots per lane;
-//   select  (tree_build/select.cuh) _select only, when every log-prob is <= 0 and the pool does not overflow: the
-//           whole block selects the B best paths (best-first is a sort then);
+//   select  (tree_build/select.cuh) _select and _g_select only, when every log-prob is <= 0 and the pool does not
+//           overflow: the whole block selects the B best paths (best-first is a sort then); V > 32: its wide kind;
 //   serial  (tree_build/serial.cuh) everything else: warp 0's best-first loop, one node per step.
 //   The plain and _select entries stage every log-prob the build can read (ranks < Vs = min(V, B + 1)); _g (K * V
-//   over the budget) reads ranks >= Vs from global memory and is serial only. Args cap, cap3: the select pool's
+//   over the budget) reads ranks >= Vs from global memory, serial only; _g_select the same with the select path
+//   (the plan stages fewer ranks to leave room for its two-pass scratch). Args cap, cap3: the select pool's
 //   capacities (0: no select path; cap > cap3: one-pass layout, cap == cap3: two passes).
 //
 // Launch shape: grid = G blocks (one request each), block = kdt_tree_build_threads (256), no cluster, no
@@ -25,7 +26,7 @@
 //   4 * 8 * 32 * W), at most kdt_tree_build_smem_budget (96 KiB, under sm_120's 99 KiB opt-in limit).
 //
 // Memory traffic per request: reads the [K, Vs] prefixes of top_logp[g] and top_ids[g] once, coalesced, in one
-//   round trip (_g: plus single values on demand); writes 4 + 7 * 4 N + 4 N W bytes, coalesced (the mask through
+//   round trip (_g, _g_select: plus single values on demand); writes 4 + 7 * 4 N + 4 N W bytes, coalesced (the mask through
 //   per-warp tiles). Nothing else touches global memory after the prologue (plain and _select entries).
 //
 // Limits: 1 <= B <= 1023, 1 <= K <= 64, 1 <= V <= 1024, any combination (kdt_tree_build_max_*).
@@ -69,10 +70,13 @@ __device__ unsigned long long kdt_tree_build_select_runs = 0ull;
 //   the select path in the same function makes ptxas compile the serial loop 10-17% slower (the note, "Paths and
 //   entry points").
 // kdt_tree_build_p{NPL}_g: they do not fit (Vs < min(V, B + 1)); ranks >= Vs are read from global memory.
+// kdt_tree_build_p{NPL}_g_select: the same with the select path (wide fan-out at large B: the staged rows leave
+//   room for the two-pass scratch only when part of them stays in global memory).
 #define KDT_TREE_BUILD_ENTRIES(NPL)                 \
     KDT_TREE_BUILD_ENTRY(NPL, , false, false)       \
     KDT_TREE_BUILD_ENTRY(NPL, _select, false, true) \
-    KDT_TREE_BUILD_ENTRY(NPL, _g, true, false)
+    KDT_TREE_BUILD_ENTRY(NPL, _g, true, false)      \
+    KDT_TREE_BUILD_ENTRY(NPL, _g_select, true, true)
 KDT_TREE_BUILD_ENTRIES(1)
 KDT_TREE_BUILD_ENTRIES(2)
 KDT_TREE_BUILD_ENTRIES(4)

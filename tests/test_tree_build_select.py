@@ -22,9 +22,14 @@ def score_bin(score: np.float32) -> int:
     return BINS - 1 - (min(max(bits, BIN_LOW), BIN_LOW + BINS - 1) - BIN_LOW)
 
 
-def select_build(top_logp: np.ndarray, budget: int) -> list[tuple[int, int, int, np.float32]] | None:
+WIDE = 32                   # kSelectNarrowFanout: past it a level that overflows the pool is retried
+
+
+def select_build(top_logp: np.ndarray, budget: int, capacity: int | None = None,
+                 raises: list | None = None) -> list[tuple[int, int, int, np.float32]] | None:
     """The select path's taken nodes as (parent slot, depth, rank, score), or None where the kernel falls back
-    to its serial loop (a positive log-prob)."""
+    to its serial loop (a positive log-prob, or a pool of `capacity` entries too small). Past WIDE, a level that
+    would overflow the pool raises the threshold first (appending each raise to `raises`)."""
     max_depth, fanout = top_logp.shape
     if (top_logp[np.isfinite(top_logp)] > 0).any():
         return None
@@ -32,16 +37,39 @@ def select_build(top_logp: np.ndarray, budget: int) -> list[tuple[int, int, int,
     threshold = 0
     score, parent, rank = [], [], []         # the pool; parent -1 is the root
     level = [-1]
+    def counted(depth: int, node: int, bin_floor: int) -> int:      # a prefix of the row
+        base = np.float32(0.0) if node < 0 else score[node]
+        r = 0
+        while r < fanout:
+            child = np.float32(base + top_logp[depth, r])
+            if child == -np.inf or score_bin(child) < bin_floor:
+                break
+            r += 1
+        return r
+
     for depth in range(max_depth):           # phase 1, one-pass layout
+        if capacity is not None and len(score) + sum(counted(depth, n, threshold) for n in level) > capacity:
+            if fanout <= WIDE:
+                return None
+            lo, hi = threshold, BINS         # the highest bin with `budget` paths at or above it
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if hist[mid:].sum() + sum(counted(depth, n, mid) for n in level) >= budget:
+                    lo = mid
+                else:
+                    hi = mid
+            if lo == threshold:
+                return None
+            threshold = lo
+            if raises is not None:
+                raises.append((depth, threshold))
+            if len(score) + sum(counted(depth, n, threshold) for n in level) > capacity:
+                return None
         children = []
         for node in level:
             base = np.float32(0.0) if node < 0 else score[node]
-            if score_bin(base) < threshold:
-                continue
-            for r in range(fanout):
+            for r in range(counted(depth, node, threshold)):
                 child = np.float32(base + top_logp[depth, r])
-                if child == -np.inf or score_bin(child) < threshold:
-                    break
                 hist[score_bin(child)] += 1
                 children.append(len(score))
                 score.append(child), parent.append(node), rank.append(r)
@@ -90,7 +118,7 @@ def select_build(top_logp: np.ndarray, budget: int) -> list[tuple[int, int, int,
 
 def _inputs(rng: np.random.Generator) -> tuple[np.ndarray, int]:
     depth = int(rng.choice([1, 2, 3, 7, 15]))
-    fanout = int(rng.choice([1, 2, 3, 8]))
+    fanout = int(rng.choice([1, 2, 3, 8, 8, 33, 64]))      # past 32: the kernel's wide kind
     budget = int(rng.choice([1, 2, 7, 16, 63, int(rng.integers(1, 200))]))
     style = rng.choice(["drafter", "grid", "zeros", "flat"])
     if style == "drafter":
@@ -118,6 +146,25 @@ def test_select_model_matches_reference(seed):
         assert got is not None
         assert [t[:3] for t in got] == [t[:3] for t in expected]
         assert [np.float32(t[3]).tobytes() for t in got] == [np.float32(t[3]).tobytes() for t in expected]
+
+
+def test_select_model_raises_the_threshold_when_a_wide_level_overflows():
+    """A pool of four times the budget: wide levels that would overflow it raise the threshold first, and the
+    result is still the reference's; the raise must have happened (else this proves nothing)."""
+    rng = np.random.default_rng(9100)
+    raises, checked = [], 0
+    for _ in range(100):
+        lp, budget = _inputs(rng)
+        if lp.shape[1] <= WIDE:
+            continue
+        got = select_build(lp, budget, capacity=4 * budget + 32, raises=raises)
+        if got is None:
+            continue
+        expected = build_one(lp, budget)
+        assert [t[:3] for t in got] == [t[:3] for t in expected]
+        assert [np.float32(t[3]).tobytes() for t in got] == [np.float32(t[3]).tobytes() for t in expected]
+        checked += 1
+    assert checked >= 10 and len(raises) >= 5, (checked, len(raises))
 
 
 def test_select_model_falls_back_on_positive_log_probs():

@@ -3,8 +3,9 @@
 The entry point is `kdt_tree_build_p{NPL}`, NPL = the slots each lane of the build warp owns (the smallest power of
 two >= ceil((B + 1) / 32)), with the suffix `_g` when the log-probs a build can read (ranks < min(V, B + 1) at every
 depth) do not fit the shared-memory budget and the rest is read from global memory, or `_select` when the plan
-offers the select path a pool (the only entry that contains it: B >= `select_min_budget`, the staged fan-out at most
-the kernel's select_max_fanout, the scratch fits). Two arguments size that pool (0: the serial loop only). The
+offers the select path a pool (B >= `select_min_budget`, the fan-out a build can read at most the kernel's
+select_max_fanout, the scratch fits), or `_g_select` for both: rows too wide to stage beside the select scratch stage
+fewer ranks and read the rest from global memory. Two arguments size that pool (0: the serial loop only). The
 shared-memory layout below mirrors the kernel's (plans/kernels/tree-build.md). No workspace.
 """
 
@@ -73,17 +74,23 @@ def smem_layout(depth: int, fanout: int, budget: int, target: Target, knobs: Kno
     build = 2 * staged_bytes(depth, staged)
     pool = ranked = 0
     min_budget = c("select_min_budget") if knobs.select_min_budget is None else knobs.select_min_budget
-    if budget >= min_budget and staged == min(fanout, budget + 1) and staged <= c("select_max_fanout"):
+    readable = min(fanout, budget + 1)           # the ranks a build can read
+    if budget >= min_budget and readable <= c("select_max_fanout"):
         ranked = max(2 * slots, SELECT_MIN_RANKED)
         scratch = lambda entries: (c("smem_select_fixed_bytes") + c("smem_select_bytes_per_cap") * entries
                                    + c("smem_select_bytes_per_ranked") * ranked)
         pool = min(SELECT_MAX_POOL, max(SELECT_POOL_PER_SLOT * slots, SELECT_MIN_POOL))
-        if build + scratch(pool) > room:
+        if staged < readable or build + scratch(pool) > room:
             pool = ranked                                  # two passes
-        if build + scratch(pool) <= room:
+            # rows too wide for the scratch beside them: stage fewer ranks, the rest read from global memory
+            staged = max(min(staged, (room - scratch(pool) - 32) // (8 * depth)), 0)
+            build = 2 * staged_bytes(depth, staged)
+        if staged >= 1 and build + scratch(pool) <= room:
             build += scratch(pool)
         else:
             pool = ranked = 0
+            staged = min(fanout, budget + 1, (room - 32) // (8 * depth))
+            build = 2 * staged_bytes(depth, staged)
     return SmemLayout(npl, staged, pool, ranked, fixed + max(build, tiles))
 
 
@@ -96,7 +103,10 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     if groups == 0:
         return LaunchPlan("tree-build", "empty", (), knobs=knobs)
     layout = smem_layout(depth, fanout, budget, target, knobs)
-    if layout.staged < min(fanout, budget + 1):    # ranks up to B are the most a build can read
+    if layout.staged < min(fanout, budget + 1) and layout.pool:
+        name, path = (f"{PREFIX}p{layout.slots_per_lane}_g_select",
+                      "select where every log-prob <= 0, else serial; ranks past Vs from global memory")
+    elif layout.staged < min(fanout, budget + 1):    # ranks up to B are the most a build can read
         name, path = f"{PREFIX}p{layout.slots_per_lane}_g", "serial, ranks past Vs from global memory"
     elif layout.pool:
         name, path = f"{PREFIX}p{layout.slots_per_lane}_select", "select where every log-prob <= 0, else serial"

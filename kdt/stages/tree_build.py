@@ -100,6 +100,12 @@ def make_cases() -> list[Case]:
     out = topk(quantised_logits(rng(223), 2, 3, 32768), 256)
     cases.append(_case("wide_v256_b255_quantised", "V=B=255..256 at K=3 from integer logits", 223, 255,
                        out["top_logp"], out["top_ids"]))
+    lp, ids = drafter_topk(rng(224), 2, 7, 256)
+    cases.append(_case("wide_v256_b1023_drafter", "V=256, B=1023, K=7: the second level would hold 65,536 paths, "
+                       "so the select path raises its threshold within the level", 224, 1023, lp, ids))
+    lp, ids = drafter_topk(rng(225), 2, 7, 64)
+    cases.append(_case("wide_v64_b1023_drafter", "V=64, B=1023, K=7: 4,096 paths at the second level", 225, 1023,
+                       lp, ids))
     return cases
 
 

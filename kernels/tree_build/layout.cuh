@@ -28,7 +28,9 @@ constexpr int kSelectInts = 2 * kBins + 2 * kWarps * kSelectItems + kSelectVars;
 constexpr int kSelectFixedBytes = 4 * kSelectInts;
 constexpr int kSelectBytesPerCap = 12;      // per pool entry: key, link, slot
 constexpr int kSelectBytesPerRanked = 8;    // per ranked entry: sorted index and key (two passes: cap == cap3)
-constexpr int kSelectMaxFanout = 32;        // candidate children of a node: lanes of one warp
+constexpr int kSelectNarrowFanout = 32;     // up to this Vs a node's candidate children are lanes of one group;
+                                            // above, the block lays out each level (select.cuh, wide)
+constexpr int kSelectMaxFanout = 1024;      // the launcher offers the select path up to this Vs
 static_assert(kBins % kThreads == 0 && kBins % 32 == 0, "bin layout");
 static_assert(kWarps * kSelectItems == 32, "phase 2 scans one (item, warp) count per lane");
 

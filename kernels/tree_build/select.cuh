@@ -89,6 +89,26 @@ enum SelectVar : int {
     kVarRootKey = kSelectVars - 1,      // keep: score_key(0.0f), the root's key read as key[-1]
 };
 
+// The request's log-probs as the select path reads them: ranks below staged_cols from shared memory ([K][staged_cols]),
+// the rest (the _g_select entries, K * V over the budget) from global memory (row stride cols); fanout = min(V, B + 1),
+// the ranks a build can read.
+struct SelectLogProbs {
+    const float* staged;
+    const float* global;
+    int staged_cols;
+    int cols;
+    int fanout;
+    __device__ __forceinline__ float at(int d, int r) const {
+        return (r < staged_cols) ? staged[d * staged_cols + r] : __ldg(global + (size_t)d * cols + r);
+    }
+};
+
+// A log-prob as the select path reads it: the narrow path's rows are all staged (the _select entries).
+template <bool kWide>
+__device__ __forceinline__ float lp_at(const SelectLogProbs& lps, int d, int r) {
+    return kWide ? lps.at(d, r) : lps.staged[d * lps.staged_cols + r];
+}
+
 // What one warp's phase-1 passes over a level need (see select_build). Each lane handles one rank of `stride`
 // nodes per item: list positions base + k * stride + lane_node, k < items.
 struct SelectLevel {
@@ -194,6 +214,98 @@ __device__ __forceinline__ void select_count_pass(const SelectLevel& v, int base
     }
 }
 
+// The counted ranks of a node of score s at depth d: the r with fadd(s, lp(d, r)) > floor. They are a prefix of the
+// row (a row is non-increasing and rounding is monotone): galloping over ranks 0, 1, 3, 7, ... then a binary search,
+// so a node with few children (most) reads a few staged ranks, never the unstaged ones (_g_select: global memory).
+__device__ __forceinline__ int counted_prefix(const SelectLogProbs& lps, int d, float s, float floor) {
+    int lo = 0, probe = 0;          // ranks below lo are counted
+    while (probe < lps.fanout && __fadd_rn(s, lps.at(d, probe)) > floor) {
+        lo = probe + 1;
+        probe = 2 * probe + 1;
+    }
+    int hi = min(probe, lps.fanout);    // ranks from hi on are not
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (__fadd_rn(s, lps.at(d, mid)) > floor) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+// A wide level's node j: its score from pool keys (kPoolKeys; nodes[-1] is the root's key) or score bits.
+template <bool kPoolKeys>
+__device__ __forceinline__ float wide_node_score(const uint32_t* nodes, int j) {
+    return kPoolKeys ? pool_score(nodes[j]) : __uint_as_float(nodes[j]);
+}
+
+// The block's share of a wide level: thread t takes nodes [t * per, (t + 1) * per), contiguous, so one block scan
+// orders every node's children (the note, "Wide V").
+__device__ __forceinline__ void wide_share(int n, int& first, int& last) {
+    const int per = (n + kThreads - 1) / kThreads;
+    first = min((int)threadIdx.x * per, n);
+    last = min(first + per, n);
+}
+
+// The paths with bin >= b if a wide level's nodes (nodes[0, n)) were counted at counted_floor(b): the earlier
+// levels' (hist) plus the level's. Block-wide, the same value in every thread; wsum is free again on return.
+template <bool kPoolKeys>
+__device__ __forceinline__ int wide_paths_from_bin(int b, const int* hist, const uint32_t* nodes, int n,
+                                                   const SelectLogProbs& lps, int d, int* wsum) {
+    int mine = 0;
+    for (int i = (int)threadIdx.x; i < kBins; i += kThreads) mine += (i >= b) ? hist[i] : 0;
+    const float floor = counted_floor(b);
+    int first, last;
+    wide_share(n, first, last);
+    for (int j = first; j < last; ++j) mine += counted_prefix(lps, d, wide_node_score<kPoolKeys>(nodes, j), floor);
+    int total;
+    block_exclusive_scan(mine, wsum, total);
+    __syncthreads();
+    return total;
+}
+
+// A wide level's layout: off[j] = the position of node j's first counted child (children counted at `floor`: a
+// prefix of the row, counted_prefix), node by node, each node's children in rank order (so the previous sibling
+// of an entry is the entry before it). Returns the level's count, the same in every thread; off and wsum are
+// complete on return.
+template <bool kPoolKeys>
+__device__ __forceinline__ int wide_level_layout(const uint32_t* nodes, int n, const SelectLogProbs& lps, int d,
+                                                 float floor, int* off, int* wsum) {
+    int first, last;
+    wide_share(n, first, last);
+    int mine = 0;
+    for (int j = first; j < last; ++j) {
+        const int r = counted_prefix(lps, d, wide_node_score<kPoolKeys>(nodes, j), floor);
+        off[j] = r;
+        mine += r;
+    }
+    int total;
+    int at = block_exclusive_scan(mine, wsum, total);
+    for (int j = first; j < last; ++j) {
+        const int r = off[j];
+        off[j] = at;
+        at += r;
+    }
+    __syncthreads();
+    return total;
+}
+
+// Every child of a wide level laid out by wide_level_layout, the block's threads strided over the positions:
+// store(j, node, rank, score) for position j (its node: the last with off[node] <= j, by binary search).
+template <bool kPoolKeys, typename Store>
+__device__ __forceinline__ void wide_level_expand(const uint32_t* nodes, int n, const int* off, int total,
+                                                  const SelectLogProbs& lps, int d, Store&& store) {
+    for (int j = (int)threadIdx.x; j < total; j += kThreads) {
+        int lo = 0, hi = n;
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (off[mid] <= j) lo = mid;
+            else hi = mid;
+        }
+        const int rank = j - off[lo];
+        store(j, lo, rank, __fadd_rn(wide_node_score<kPoolKeys>(nodes, lo), lps.at(d, rank)));
+    }
+}
+
 // Lists this warp's share [lo, hi) of a level's nodes (keep: pool entries node_lo + j, j the level position;
 // !keep: scores cur[j]) that have a counted child, at list positions lo, lo + 1, ...; returns how many. A node
 // has one iff its rank-0 child counts, so the list loses nothing the passes would count (the note, "Listing").
@@ -229,9 +341,31 @@ __device__ __forceinline__ int select_list_level(const uint32_t* key, int node_l
     return listed;
 }
 
-// The select path; all threads call it (see the note, "Select path"). V (the staged ranks) is at most 32: a node's
-// candidate children are the lanes of one group of `group` lanes (the power of two >= V), so a node's children
-// come out contiguous and in rank order. Two layouts of the scratch:
+// Phase 2 above kSelectNarrowFanout (two-pass layout): the paths with bin >= bstar, level by level, each level
+// contiguous after the one before, laid out as phase 1 lays them (off: a level's node offsets, cap ints).
+__device__ __forceinline__ void select_materialise_wide(const SelectLogProbs& lps, int K, int cap, int bstar,
+                                                        uint32_t* key, uint32_t* link, int* off, int* wsum) {
+    const float floor = counted_floor(bstar);
+    int lo = -1, hi = 0;            // level d's nodes: pool entries [lo, hi); -1 is the root (key[-1])
+    for (int d = 0; d < K && hi > lo; ++d) {
+        const int total = wide_level_layout<true>(key + lo, hi - lo, lps, d, floor, off, wsum);
+        wide_level_expand<true>(key + lo, hi - lo, off, total, lps, d, [&](int j, int node, int rank, float c) {
+            if (hi + j < cap) {
+                key[hi + j] = score_key(c);
+                link[hi + j] = ((uint32_t)(lo + node + 1) << 16) | ((uint32_t)rank << 6) | (uint32_t)d;
+            }
+        });
+        __syncthreads();
+        lo = hi;
+        hi = min(hi + total, cap);
+    }
+}
+
+// The select path; all threads call it (see the note, "Select path"). V = lps.fanout. Up to 32, a node's
+// candidate children are the lanes of one group of `group` lanes (the power of two >= V); above (kWide), the block
+// lays each level out by one scan over its nodes (wide_level_layout, wide_level_expand), and a level that would
+// overflow raises the threshold first. Either way a node's children come out contiguous and in rank order. Two
+// layouts of the scratch:
 //   kKeep (one pass over the levels): phase 1 appends every path it counts to the pool (key, link), up to `cap`
 //     entries, and phase 3 ranks those with bin >= bstar (at most `cap3`);
 //   !kKeep (two passes): phase 1 only counts, with two level buffers of 2 * cap scores; phase 2 materialises the
@@ -239,8 +373,8 @@ __device__ __forceinline__ int select_list_level(const uint32_t* key, int node_l
 // Returns false, having written nothing the serial loop reads, when a capacity is exceeded.
 // Not inlined: one copy per layout, called once per block (inlined, the select path measured ~1 us slower at
 // B = 128..1023 on the H200).
-template <bool kKeep>
-__device__ __noinline__ bool select_build(const float* __restrict__ lp_s, int K, int V, int B, int cap, int cap3,
+template <bool kKeep, bool kWide>
+__device__ __noinline__ bool select_build(const SelectLogProbs lps, int K, int B, int cap, int cap3,
                                              int* __restrict__ scratch, int* __restrict__ rec_s,
                                              float* __restrict__ logw_s, int* __restrict__ fc_s,
                                              int* __restrict__ ns_s, int* __restrict__ misc) {
@@ -255,14 +389,15 @@ __device__ __noinline__ bool select_build(const float* __restrict__ lp_s, int K,
     uint32_t* const sorted_key = reinterpret_cast<uint32_t*>(sorted + cap3);   // and their keys
     float* const lvl0 = reinterpret_cast<float*>(var + kSelectVars);   // !keep, phase 1: two level buffers of 2 * cap
     float* const lvl1 = lvl0 + 2 * cap;
+    const int V = lps.fanout;                           // the ranks a build can read
 
     const int tid = (int)threadIdx.x;
     const int lane = tid & 31;
     const uint32_t lanes_below = (1u << lane) - 1u;
     __syncthreads();    // a failed attempt's last reads of var come before this attempt's resets
     int group = 1;
-    while (group < V) group *= 2;
-    const int rank = tid & (group - 1);                 // this thread's candidate rank
+    while (group < min(V, kSelectNarrowFanout)) group *= 2;
+    const int rank = tid & (group - 1);                 // this thread's candidate rank (narrow fan-out)
 
     for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
     if (tid == 0) {
@@ -277,7 +412,7 @@ __device__ __noinline__ bool select_build(const float* __restrict__ lp_s, int K,
     // Phase 1 (the note, "Phase 1"): level by level, count every path whose bin is >= the running threshold bin
     // bstar, then raise bstar to the highest bin with at least B counted paths in it or above. `above` counts the
     // paths with bin >= bstar. Level d's n nodes: keep, pool entries [node_lo, node_lo + n) (-1: the root);
-    // !keep, cur[0, n). Warp w lists its share's nodes with a counted child and passes over its list with
+    // !keep, cur[0, n). Narrow: warp w lists its share's nodes with a counted child and passes over its list with
     // 1..kSelectItems1 items per lane; then every warp moves the threshold itself from the same histogram (bstar
     // and above stay in registers). Two barriers per level: the counts are complete before the walks read them,
     // and every walk is done before the next level's passes change them.
@@ -303,34 +438,74 @@ __device__ __noinline__ bool select_build(const float* __restrict__ lp_s, int K,
         for (int d = 0; d < K && n > 0; ++d) {
             float* const cur = (d & 1) ? lvl1 : lvl0;
             float* const nxt = (d & 1) ? lvl0 : lvl1;
-            const float count_floor = counted_floor(bstar);
-            const int share = (n + kWarps - 1) / kWarps;
-            const int lo = min((tid >> 5) * share, n);
-            const int hi = min(lo + share, n);
-            const int listed = select_list_level<kKeep>(key, node_lo, cur, list, lo, hi, lp_s[d * V], count_floor,
-                                                        lanes_below);
-            level.scores = cur;
-            level.child_scores = nxt;
-            level.end = lo + listed;
-            level.lp = (rank < V) ? lp_s[d * V + rank] : -INFINITY;
-            level.count_floor = count_floor;
-            level.link_low = ((uint32_t)rank << 6) | (uint32_t)d;
-            level.child_lo = child_lo;
-            level.child_cap = kKeep ? cap : child_lo + 2 * cap;
-            static_assert(kSelectItems1 == 8, "one case per item count below");
-            for (int base = lo; base < level.end;) {
-                const int items = min(((level.end - base - 1) >> stride_shift) + 1, kSelectItems1);
-                switch (items) {
-                    case 1: select_count_pass<1, kKeep>(level, base); break;
-                    case 2: select_count_pass<2, kKeep>(level, base); break;
-                    case 3: select_count_pass<3, kKeep>(level, base); break;
-                    case 4: select_count_pass<4, kKeep>(level, base); break;
-                    case 5: select_count_pass<5, kKeep>(level, base); break;
-                    case 6: select_count_pass<6, kKeep>(level, base); break;
-                    case 7: select_count_pass<7, kKeep>(level, base); break;
-                    default: select_count_pass<8, kKeep>(level, base); break;
+            if constexpr (kWide) {
+                // A lane per node is too coarse here (a node may have hundreds of children): the block lays the
+                // level out by one scan over its nodes and writes the children strided (the note, "Wide V").
+                const uint32_t* const nodes = kKeep ? key + node_lo : reinterpret_cast<const uint32_t*>(cur);
+                int* const off = kKeep ? slot_of : reinterpret_cast<int*>(lvl0 + 4 * cap);
+                const int room = kKeep ? cap - child_lo : cap;      // !keep: a level, so its offsets fit off
+                int total = wide_level_layout<kKeep>(nodes, n, lps, d, counted_floor(bstar), off, wsum);
+                if (total > room) {
+                    // Too many paths at this threshold (a wide level multiplies them by up to V): raise it first,
+                    // to the highest bin with B paths at or above it, the earlier levels' (hist) and this level's.
+                    int lo_bin = bstar, hi_bin = kBins;
+                    while (hi_bin - lo_bin > 1) {
+                        const int mid = (lo_bin + hi_bin) >> 1;
+                        if (wide_paths_from_bin<kKeep>(mid, hist, nodes, n, lps, d, wsum) >= B) lo_bin = mid;
+                        else hi_bin = mid;
+                    }
+                    if (lo_bin > bstar) {
+                        above = wide_paths_from_bin<kKeep>(lo_bin, hist, nodes, 0, lps, d, wsum);
+                        bstar = lo_bin;
+                        total = wide_level_layout<kKeep>(nodes, n, lps, d, counted_floor(bstar), off, wsum);
+                    }
+                    if (total > room) return false;
                 }
-                base += items << stride_shift;
+                uint32_t low_code = 0u;     // the largest bin code (the lowest bin) of this thread's children
+                wide_level_expand<kKeep>(nodes, n, off, total, lps, d, [&](int j, int node, int r, float c) {
+                    const uint32_t code = counted_bin_code(c);
+                    atomicAdd(&hist[kBinOfCode - (int)code], 1);
+                    low_code = max(low_code, code);
+                    if constexpr (kKeep) {
+                        key[child_lo + j] = kdt::ordered_key(c);    // == score_key(c): a counted score is finite
+                        link[child_lo + j] = ((uint32_t)(node_lo + node + 1) << 16) | ((uint32_t)r << 6) | (uint32_t)d;
+                    } else {
+                        nxt[j] = c;
+                    }
+                });
+                low_code = __reduce_max_sync(kFull, low_code);
+                if (lane == 0 && low_code != 0u) atomicMin(&var[kVarLowBin], kBinOfCode - (int)low_code);
+                if (tid == 0) var[kVarNext] = child_lo + total;
+            } else {
+                const float count_floor = counted_floor(bstar);
+                const int share = (n + kWarps - 1) / kWarps;
+                const int lo = min((tid >> 5) * share, n);
+                const int hi = min(lo + share, n);
+                const int listed = select_list_level<kKeep>(key, node_lo, cur, list, lo, hi, lp_at<false>(lps, d, 0),
+                                                            count_floor, lanes_below);
+                level.scores = cur;
+                level.child_scores = nxt;
+                level.end = lo + listed;
+                level.lp = (rank < V) ? lp_at<false>(lps, d, rank) : -INFINITY;
+                level.count_floor = count_floor;
+                level.link_low = ((uint32_t)rank << 6) | (uint32_t)d;
+                level.child_lo = child_lo;
+                level.child_cap = kKeep ? cap : child_lo + 2 * cap;
+                static_assert(kSelectItems1 == 8, "one case per item count below");
+                for (int base = lo; base < level.end;) {
+                    const int items = min(((level.end - base - 1) >> stride_shift) + 1, kSelectItems1);
+                    switch (items) {
+                        case 1: select_count_pass<1, kKeep>(level, base); break;
+                        case 2: select_count_pass<2, kKeep>(level, base); break;
+                        case 3: select_count_pass<3, kKeep>(level, base); break;
+                        case 4: select_count_pass<4, kKeep>(level, base); break;
+                        case 5: select_count_pass<5, kKeep>(level, base); break;
+                        case 6: select_count_pass<6, kKeep>(level, base); break;
+                        case 7: select_count_pass<7, kKeep>(level, base); break;
+                        default: select_count_pass<8, kKeep>(level, base); break;
+                    }
+                    base += items << stride_shift;
+                }
             }
             __syncthreads();
             if (var[kVarOverflow] != 0) return false;
@@ -387,57 +562,61 @@ __device__ __noinline__ bool select_build(const float* __restrict__ lp_s, int K,
         // contiguous, each node's children are contiguous in rank order. Node-major over the block: a pass
         // looks at kSelectItems * kThreads / group nodes.
         const int warp = tid >> 5;
-        const int nodes_per_item = kThreads / group;
-        const int node_in_pass = tid / group;
-        const int nodes_per_pass = kSelectItems * nodes_per_item;
-        int pass = 0;
-        int lo = -1, hi = 0;
-        for (int d = 0; d < K && hi > lo; ++d) {
-            const float lp = (rank < V) ? lp_s[d * V + rank] : -INFINITY;
-            int at = hi;
-            for (int base = lo; base < hi; base += nodes_per_pass, ++pass) {
-                float x[kSelectItems];
-                uint32_t votes[kSelectItems];
-                int* const counts = wsum + (pass & 1) * kWarps * kSelectItems;
-                uint32_t raw[kSelectItems];
-#pragma unroll
-                for (int k = 0; k < kSelectItems; ++k) {   // clamped into this level, as in phase 1
-                    const int i = min(max(base + k * nodes_per_item + node_in_pass, lo), hi - 1);
-                    raw[k] = (i < 0) ? 0u : key[i];
-                }
-#pragma unroll
-                for (int k = 0; k < kSelectItems; ++k) {
-                    const int i = base + k * nodes_per_item + node_in_pass;
-                    const float c = __fadd_rn(i < 0 ? 0.0f : key_score(raw[k]), lp);
-                    const bool ok = i < hi && c > -INFINITY && score_bin(c) >= bstar;
-                    x[k] = ok ? c : -INFINITY;
-                    votes[k] = __ballot_sync(kFull, ok);
-                }
-                int item_count = 0;     // lane k < kSelectItems: this warp's count of item k
-#pragma unroll
-                for (int k = 0; k < kSelectItems; ++k) item_count = (lane == k) ? __popc(votes[k]) : item_count;
-                if (lane < kSelectItems) counts[lane * kWarps + warp] = item_count;
-                __syncthreads();
-                // Entries in node order: item k of every warp (warps in order) before item k + 1. counts holds
-                // one (item, warp) count per lane in that order, so one warp scan gives every offset.
-                const int c = counts[lane];
-                const int incl = kdt::warp_inclusive_scan(c);
-                const int total = __shfl_sync(kFull, incl, 31);
-#pragma unroll
-                for (int k = 0; k < kSelectItems; ++k) {
-                    const int e = at + __shfl_sync(kFull, incl - c, k * kWarps + warp) +
-                                  __popc(votes[k] & lanes_below);
-                    if ((votes[k] & (1u << lane)) && e < cap) {
-                        const int i = base + k * nodes_per_item + node_in_pass;
-                        key[e] = score_key(x[k]);
-                        link[e] = ((uint32_t)(i + 1) << 16) | ((uint32_t)rank << 6) | (uint32_t)d;
+        if constexpr (kWide) {
+            select_materialise_wide(lps, K, cap, bstar, key, link, slot_of, wsum);
+        } else {
+            const int nodes_per_item = kThreads / group;
+            const int node_in_pass = tid / group;
+            const int nodes_per_pass = kSelectItems * nodes_per_item;
+            int pass = 0;
+            int lo = -1, hi = 0;
+            for (int d = 0; d < K && hi > lo; ++d) {
+                const float lp = (rank < V) ? lp_at<false>(lps, d, rank) : -INFINITY;
+                int at = hi;
+                for (int base = lo; base < hi; base += nodes_per_pass, ++pass) {
+                    float x[kSelectItems];
+                    uint32_t votes[kSelectItems];
+                    int* const counts = wsum + (pass & 1) * kWarps * kSelectItems;
+                    uint32_t raw[kSelectItems];
+    #pragma unroll
+                    for (int k = 0; k < kSelectItems; ++k) {   // clamped into this level, as in phase 1
+                        const int i = min(max(base + k * nodes_per_item + node_in_pass, lo), hi - 1);
+                        raw[k] = (i < 0) ? 0u : key[i];
                     }
+    #pragma unroll
+                    for (int k = 0; k < kSelectItems; ++k) {
+                        const int i = base + k * nodes_per_item + node_in_pass;
+                        const float c = __fadd_rn(i < 0 ? 0.0f : key_score(raw[k]), lp);
+                        const bool ok = i < hi && c > -INFINITY && score_bin(c) >= bstar;
+                        x[k] = ok ? c : -INFINITY;
+                        votes[k] = __ballot_sync(kFull, ok);
+                    }
+                    int item_count = 0;     // lane k < kSelectItems: this warp's count of item k
+    #pragma unroll
+                    for (int k = 0; k < kSelectItems; ++k) item_count = (lane == k) ? __popc(votes[k]) : item_count;
+                    if (lane < kSelectItems) counts[lane * kWarps + warp] = item_count;
+                    __syncthreads();
+                    // Entries in node order: item k of every warp (warps in order) before item k + 1. counts holds
+                    // one (item, warp) count per lane in that order, so one warp scan gives every offset.
+                    const int c = counts[lane];
+                    const int incl = kdt::warp_inclusive_scan(c);
+                    const int total = __shfl_sync(kFull, incl, 31);
+    #pragma unroll
+                    for (int k = 0; k < kSelectItems; ++k) {
+                        const int e = at + __shfl_sync(kFull, incl - c, k * kWarps + warp) +
+                                      __popc(votes[k] & lanes_below);
+                        if ((votes[k] & (1u << lane)) && e < cap) {
+                            const int i = base + k * nodes_per_item + node_in_pass;
+                            key[e] = score_key(x[k]);
+                            link[e] = ((uint32_t)(i + 1) << 16) | ((uint32_t)rank << 6) | (uint32_t)d;
+                        }
+                    }
+                    at += total;
                 }
-                at += total;
+                __syncthreads();
+                lo = hi;
+                hi = min(at, cap);
             }
-            __syncthreads();
-            lo = hi;
-            hi = min(at, cap);
         }
     }
 

@@ -34,7 +34,7 @@ __device__ __forceinline__ void argmax_pairs(uint32_t (&k)[n], uint32_t (&p)[n])
     }
 }
 
-// The body of kdt_tree_build_p{NPL}{,_select,_g} (kSelect: the _select entries; kPartialLp: the _g entries, ranks
+// The body of kdt_tree_build_p{NPL}{,_select,_g,_g_select} (kSelect: the _select entries; kPartialLp: the _g entries, ranks
 // >= Vs read from global memory). P = 32 * NPL slots per per-slot array; in the serial loop each lane of warp 0
 // owns NPL slots in NG groups of GS entries (a rescan after a take reads one group).
 template <int NPL, bool kPartialLp, bool kSelect>
@@ -87,7 +87,15 @@ __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_lo
         fc_s[i] = -1;
         ns_s[i] = -1;
     }
-    const int positive = stage_logprobs<false>(glp, gid, K, V, Vs, lp_s, ids_s, lp0, nullptr);
+    int positive = stage_logprobs<false>(glp, gid, K, V, Vs, lp_s, ids_s, lp0, nullptr);
+    if constexpr (kSelect && kPartialLp) {
+        // the select path reads the unstaged ranks too: they must be <= 0 as well
+        const int fanout = min(V, B + 1);
+        for (int i = tid; i < K * (fanout - Vs); i += kThreads) {
+            const int d = i / (fanout - Vs);
+            positive |= (__ldg(glp + (size_t)d * V + Vs + (i - d * (fanout - Vs))) > 0.0f);
+        }
+    }
     const bool any_positive = __syncthreads_or(positive) != 0;
 
     // ---- select path (every log-prob <= 0, all staged, B large enough: cap > 0) ----
@@ -96,10 +104,16 @@ __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_lo
         if (cap > 0 && !any_positive) {
             // One pass over the levels when the pool has room for every counted path (cap > cap3); if it
             // overflows, two passes in the same scratch (20 * cap3 <= 12 * cap + 8 * cap3 bytes).
+            // Past kSelectNarrowFanout (and wherever ranks stay in global memory) a lane takes a node; each
+            // kind its own function, so the narrow one compiles as it did before the wide one existed.
+            const SelectLogProbs lps{lp_s, glp, Vs, V, min(V, B + 1)};
+            const bool wide = kPartialLp || lps.fanout > kSelectNarrowFanout;
             if (cap > cap3)
-                selected = select_build<true>(lp_s, K, Vs, B, cap, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
+                selected = wide ? select_build<true, true>(lps, K, B, cap, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc)
+                                : select_build<true, false>(lps, K, B, cap, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
             if (!selected)
-                selected = select_build<false>(lp_s, K, Vs, B, cap3, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
+                selected = wide ? select_build<false, true>(lps, K, B, cap3, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc)
+                                : select_build<false, false>(lps, K, B, cap3, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
             if (selected && tid == 0) atomicAdd(&kdt_tree_build_select_runs, 1ull);
         }
     }
