@@ -101,13 +101,9 @@ struct SelectLogProbs {
     __device__ __forceinline__ float at(int d, int r) const {
         return (r < staged_cols) ? staged[d * staged_cols + r] : __ldg(global + (size_t)d * cols + r);
     }
+    // The narrow kind's read: its rows are all staged (the _select entries).
+    __device__ __forceinline__ float staged_at(int d, int r) const { return staged[d * staged_cols + r]; }
 };
-
-// A log-prob as the select path reads it: the narrow path's rows are all staged (the _select entries).
-template <bool kWide>
-__device__ __forceinline__ float lp_at(const SelectLogProbs& lps, int d, int r) {
-    return kWide ? lps.at(d, r) : lps.staged[d * lps.staged_cols + r];
-}
 
 // What one warp's phase-1 passes over a level need (see select_build). Each lane handles one rank of `stride`
 // nodes per item: list positions base + k * stride + lane_node, k < items.
@@ -481,12 +477,12 @@ __device__ __noinline__ bool select_build(const SelectLogProbs lps, int K, int B
                 const int share = (n + kWarps - 1) / kWarps;
                 const int lo = min((tid >> 5) * share, n);
                 const int hi = min(lo + share, n);
-                const int listed = select_list_level<kKeep>(key, node_lo, cur, list, lo, hi, lp_at<false>(lps, d, 0),
+                const int listed = select_list_level<kKeep>(key, node_lo, cur, list, lo, hi, lps.staged_at(d, 0),
                                                             count_floor, lanes_below);
                 level.scores = cur;
                 level.child_scores = nxt;
                 level.end = lo + listed;
-                level.lp = (rank < V) ? lp_at<false>(lps, d, rank) : -INFINITY;
+                level.lp = (rank < V) ? lps.staged_at(d, rank) : -INFINITY;
                 level.count_floor = count_floor;
                 level.link_low = ((uint32_t)rank << 6) | (uint32_t)d;
                 level.child_lo = child_lo;
@@ -571,7 +567,7 @@ __device__ __noinline__ bool select_build(const SelectLogProbs lps, int K, int B
             int pass = 0;
             int lo = -1, hi = 0;
             for (int d = 0; d < K && hi > lo; ++d) {
-                const float lp = (rank < V) ? lp_at<false>(lps, d, rank) : -INFINITY;
+                const float lp = (rank < V) ? lps.staged_at(d, rank) : -INFINITY;
                 int at = hi;
                 for (int base = lo; base < hi; base += nodes_per_pass, ++pass) {
                     float x[kSelectItems];
