@@ -26,8 +26,9 @@
 //   4 * 8 * 32 * W), at most kdt_tree_build_smem_budget (96 KiB, under sm_120's 99 KiB opt-in limit).
 //
 // Memory traffic per request: reads the [K, Vs] prefixes of top_logp[g] and top_ids[g] once, coalesced, in one
-//   round trip (_g, _g_select: plus single values on demand); writes 4 + 7 * 4 N + 4 N W bytes, coalesced (the mask through
-//   per-warp tiles). Nothing else touches global memory after the prologue (plain and _select entries).
+//   round trip (_g, _g_select: plus single values on demand, from L2); writes 4 + 7 * 4 N + 4 N W bytes, coalesced
+//   (the mask through per-warp tiles). Nothing else touches global memory after the prologue (plain and _select
+//   entries).
 //
 // Limits: 1 <= B <= 1023, 1 <= K <= 64, 1 <= V <= 1024, any combination (kdt_tree_build_max_*).
 

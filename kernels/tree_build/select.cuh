@@ -1,4 +1,4 @@
-// kernels/tree_build/select.cuh -- the select path, only in the kdt_tree_build_p{NPL}_select entry points: when
+// kernels/tree_build/select.cuh -- the select path, only in the kdt_tree_build_p{NPL}{,_g}_select entries: when
 // every log-prob is <= 0, best-first order is a sort of the paths, and the whole block selects the B best (score
 // bins, a rising threshold bin level by level, then a rank within the bins) instead of taking one node per step.
 // select_build writes the same records the serial loop leaves for the finalize. See plans/kernels/tree-build.md,

@@ -34,9 +34,10 @@ __device__ __forceinline__ void argmax_pairs(uint32_t (&k)[n], uint32_t (&p)[n])
     }
 }
 
-// The body of kdt_tree_build_p{NPL}{,_select,_g,_g_select} (kSelect: the _select entries; kPartialLp: the _g entries, ranks
-// >= Vs read from global memory). P = 32 * NPL slots per per-slot array; in the serial loop each lane of warp 0
-// owns NPL slots in NG groups of GS entries (a rescan after a take reads one group).
+// The body of kdt_tree_build_p{NPL}{,_select,_g,_g_select} (kSelect: the _select and _g_select entries;
+// kPartialLp: the _g and _g_select entries, ranks >= Vs read from global memory). P = 32 * NPL slots per per-slot
+// array; in the serial loop each lane of warp 0 owns NPL slots in NG groups of GS entries (a rescan after a take
+// reads one group).
 template <int NPL, bool kPartialLp, bool kSelect>
 __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_logp, const int* __restrict__ top_ids,
                                                 int K, int V, int B, int Vs, int cap, int cap3,
@@ -98,7 +99,7 @@ __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_lo
     }
     const bool any_positive = __syncthreads_or(positive) != 0;
 
-    // ---- select path (every log-prob <= 0, all staged, B large enough: cap > 0) ----
+    // ---- select path (every log-prob <= 0, B large enough: cap > 0; _g_select reads unstaged ranks from L2) ----
     bool selected = false;
     if constexpr (kSelect) {
         if (cap > 0 && !any_positive) {
@@ -109,11 +110,13 @@ __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_lo
             const SelectLogProbs lps{lp_s, glp, Vs, V, min(V, B + 1)};
             const bool wide = kPartialLp || lps.fanout > kSelectNarrowFanout;
             if (cap > cap3)
-                selected = wide ? select_build<true, true>(lps, K, B, cap, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc)
-                                : select_build<true, false>(lps, K, B, cap, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
+                selected = wide
+                    ? select_build<true, true>(lps, K, B, cap, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc)
+                    : select_build<true, false>(lps, K, B, cap, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
             if (!selected)
-                selected = wide ? select_build<false, true>(lps, K, B, cap3, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc)
-                                : select_build<false, false>(lps, K, B, cap3, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
+                selected = wide
+                    ? select_build<false, true>(lps, K, B, cap3, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc)
+                    : select_build<false, false>(lps, K, B, cap3, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
             if (selected && tid == 0) atomicAdd(&kdt_tree_build_select_runs, 1ull);
         }
     }
