@@ -67,30 +67,27 @@ def smem_layout(depth: int, fanout: int, budget: int, target: Target, knobs: Kno
     fixed = c("smem_slot_bytes") * slots + c("smem_header_bytes")
     tiles = 4 * (c("threads") // 32) * 32 * words
     room = c("smem_budget") - fixed
-    staged = min(fanout, budget + 1, (room - 32) // (8 * depth))
+    readable = min(fanout, budget + 1)           # the ranks a build can read
+    staged = min(readable, (room - 32) // (8 * depth))
     if staged < 1 or tiles > room:   # cannot happen within the contract's limits; a guard for a changed kernel
         raise BadInput("top_logp", f"K, V and B that fit the kernel's {c('smem_budget')} B of shared memory",
                        f"K={depth}, V={fanout}, B={budget}")
     build = 2 * staged_bytes(depth, staged)
     pool = ranked = 0
     min_budget = c("select_min_budget") if knobs.select_min_budget is None else knobs.select_min_budget
-    readable = min(fanout, budget + 1)           # the ranks a build can read
     if budget >= min_budget and readable <= c("select_max_fanout"):
-        ranked = max(2 * slots, SELECT_MIN_RANKED)
+        select_ranked = max(2 * slots, SELECT_MIN_RANKED)
         scratch = lambda entries: (c("smem_select_fixed_bytes") + c("smem_select_bytes_per_cap") * entries
-                                   + c("smem_select_bytes_per_ranked") * ranked)
-        pool = min(SELECT_MAX_POOL, max(SELECT_POOL_PER_SLOT * slots, SELECT_MIN_POOL))
-        if staged < readable or build + scratch(pool) > room:
-            pool = ranked                                  # two passes
+                                   + c("smem_select_bytes_per_ranked") * select_ranked)
+        select_pool = min(SELECT_MAX_POOL, max(SELECT_POOL_PER_SLOT * slots, SELECT_MIN_POOL))
+        select_staged = staged
+        if staged < readable or build + scratch(select_pool) > room:
+            select_pool = select_ranked                    # two passes
             # rows too wide for the scratch beside them: stage fewer ranks, the rest read from global memory
-            staged = max(min(staged, (room - scratch(pool) - 32) // (8 * depth)), 0)
-            build = 2 * staged_bytes(depth, staged)
-        if staged >= 1 and build + scratch(pool) <= room:
-            build += scratch(pool)
-        else:
-            pool = ranked = 0
-            staged = min(fanout, budget + 1, (room - 32) // (8 * depth))
-            build = 2 * staged_bytes(depth, staged)
+            select_staged = max(min(staged, (room - scratch(select_pool) - 32) // (8 * depth)), 0)
+        select_build = 2 * staged_bytes(depth, select_staged) + scratch(select_pool)
+        if select_staged >= 1 and select_build <= room:
+            staged, pool, ranked, build = select_staged, select_pool, select_ranked, select_build
     return SmemLayout(npl, staged, pool, ranked, fixed + max(build, tiles))
 
 

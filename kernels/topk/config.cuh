@@ -98,7 +98,12 @@ constexpr int GATE_U = 4;                     // 16-byte vectors in flight per t
 constexpr int GATE_ROOM_PER_V = 4;            // the buffer: GATE_ROOM_PER_V * V entries, at least GATE_MIN_ROOM
 constexpr int GATE_MIN_ROOM = 2048;
 constexpr int GATE_RANK_BIN = 64;             // the final sort by rank within bins, up to this many a bin
-constexpr int GATE_MAX_CAPACITY = GATE_ROOM_PER_V * MAX_V > GATE_MIN_ROOM ? GATE_ROOM_PER_V * MAX_V : GATE_MIN_ROOM;
+// The buffer's entries for V (the launcher sizes the dynamic shared memory by it, 8 bytes an entry, and computes
+// the same from the exported constants).
+__host__ __device__ constexpr int gate_capacity(int V) {
+    return GATE_ROOM_PER_V * V > GATE_MIN_ROOM ? GATE_ROOM_PER_V * V : GATE_MIN_ROOM;
+}
+constexpr int GATE_MAX_CAPACITY = gate_capacity(MAX_V);
 static_assert(MAX_V <= GEN_THREADS, "bitonic sort: one element a thread");
 static_assert(GATE_MIN_ROOM >= 2 * 512 + GEN_BINS / 2 && GATE_ROOM_PER_V >= 2 + 1,
               "the rank sort's scratch (2 V + GEN_BINS / 2 entries) fits the buffer: max(4 V, 2048) >= 2 V + 1024");

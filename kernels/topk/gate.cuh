@@ -22,12 +22,6 @@
 
 namespace topk {
 
-// The buffer's entries for V (the launcher sizes the dynamic shared memory by it, 8 bytes an entry, and computes
-// the same from the exported constants).
-__host__ __device__ constexpr int gate_capacity(int V) {
-    return GATE_ROOM_PER_V * V > GATE_MIN_ROOM ? GATE_ROOM_PER_V * V : GATE_MIN_ROOM;
-}
-
 static_assert(GATE_WARPS == 32, "a warp reduces the warps' maxima");
 
 // The block's state besides the buffer.
@@ -72,7 +66,7 @@ __device__ __forceinline__ unsigned long long gate_prune(unsigned long long* buf
                                                          unsigned long long gate, uint32_t hi_key, GateShared& sh) {
     constexpr int T = GATE_THREADS;
     const int tid = threadIdx.x, lane = tid & 31;
-    const unsigned long long hi = ((unsigned long long)hi_key << ID_BITS) | ID_MASK;
+    const unsigned long long hi = comp_ceiling(hi_key);
     const unsigned long long diff = gate ^ hi;
     const int nb0 = diff ? __clzll((long long)diff) - (64 - COMP_BITS) : COMP_BITS - 1;
     unsigned long long P;
@@ -237,9 +231,7 @@ __device__ __forceinline__ void rank_sort_and_write(unsigned long long* buf, int
         const uint32_t to = (bin == 0u) ? (uint32_t)V : base[bin - 1u];
         uint32_t place = from;
         for (uint32_t t = from; t < to; ++t) place += (grouped[t] > e) ? 1u : 0u;
-        const size_t o = (size_t)row * V + place;
-        top_ids[o] = (int)(ID_MASK - (uint32_t)(e & ID_MASK));
-        top_logp[o] = (key2f((uint32_t)(e >> ID_BITS)) - sh.stat[0]) - logf(sh.stat[1]);
+        write_output(e, row, V, (int)place, sh.stat[0], logf(sh.stat[1]), top_ids, top_logp);
     }
 }
 
@@ -330,7 +322,7 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
     const uint32_t hi_key = __reduce_max_sync(FULL, sh.warp_max[lane]);
     const unsigned long long lo = n > (uint32_t)V ? gate_prune(buf, n, V, 0u, g.cc, hi_key, sh) : g.cc;
     __syncthreads();
-    const unsigned long long hi = ((unsigned long long)hi_key << ID_BITS) | ID_MASK;
+    const unsigned long long hi = comp_ceiling(hi_key);
     rank_sort_and_write(buf, V, lo, hi, sh, row, top_ids, top_logp);
 }
 

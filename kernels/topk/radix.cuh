@@ -21,6 +21,20 @@ __device__ __forceinline__ unsigned long long comp(float x, int id) {
     return ((unsigned long long)f2key(x) << ID_BITS) | (unsigned long long)(ID_MASK - (uint32_t)id);
 }
 
+// The largest composite with key k (k's element of the smallest id).
+__device__ __forceinline__ unsigned long long comp_ceiling(uint32_t k) {
+    return ((unsigned long long)k << ID_BITS) | ID_MASK;
+}
+
+// Row `row`'s output at `place` from composite cc: its id and log-probability, with the row's softmax base bm and
+// the log of its sum of exponentials lsum.
+__device__ __forceinline__ void write_output(unsigned long long cc, int row, int V, int place, float bm, float lsum,
+                                             int* __restrict__ top_ids, float* __restrict__ top_logp) {
+    const size_t o = (size_t)row * V + place;
+    top_ids[o] = (int)(ID_MASK - (uint32_t)(cc & ID_MASK));
+    top_logp[o] = (key2f((uint32_t)(cc >> ID_BITS)) - bm) - lsum;
+}
+
 // Warp-uniform shared-memory histogram increment, aggregated over lanes hitting the same bin (real logits
 // crowd into a few top-bit bins; plain atomics would serialise 32-way).
 __device__ __forceinline__ void warp_hist_add(uint32_t* hist, uint32_t bin, bool ok, int lane) {
@@ -163,12 +177,7 @@ __device__ __forceinline__ void sort_and_write(unsigned long long* cand, int V, 
     bitonic_sort_desc(cand, p2);
     const float bm = s_stat[0];
     const float lsum = logf(s_stat[1]);
-    for (int r = tid; r < V; r += T) {
-        const unsigned long long cc = cand[r];
-        const size_t o = (size_t)row * V + r;
-        top_ids[o] = (int)(ID_MASK - (uint32_t)(cc & ID_MASK));
-        top_logp[o] = (key2f((uint32_t)(cc >> ID_BITS)) - bm) - lsum;
-    }
+    for (int r = tid; r < V; r += T) write_output(cand[r], row, V, r, bm, lsum, top_ids, top_logp);
 }
 
 // A row's top V (any V <= MAX_V) and log-probabilities from one block: pass 1 (statistics and the top digit),
