@@ -23,6 +23,25 @@ namespace {
 static_assert(4 * kLp0Len <= off_last(32), "small path: lp1 must fit in ent and logw of P = 32");
 constexpr int kSmallUnroll = 4;     // steps per basic block of the loop
 
+// How the small path keys a score (larger score, larger key; a dead entry's key is below every live one). The
+// general keys (score_key / key_score) cost ~4 and 2 instructions a conversion, a step makes ~5 a set. When every
+// log-prob is <= 0 (and none is NaN), every score is +0.0 or negative (never -0.0: the root is +0.0, and
+// +0.0 + -0.0 is +0.0) or -inf, and ~bits orders them in one instruction: -inf becomes 0x007fffff, the largest
+// dead key, so an entry is live iff its key is above that (the plans' note, "Small path").
+template <bool kNonPositive>
+struct SmallKeys {
+    static __device__ __forceinline__ uint32_t key(float x) { return score_key(x); }
+    static __device__ __forceinline__ float score(uint32_t k) { return key_score(k); }
+    static __device__ __forceinline__ bool live(uint32_t k) { return k != 0u; }
+};
+template <>
+struct SmallKeys<true> {
+    static constexpr uint32_t kNegInfKey = ~0xff800000u;
+    static __device__ __forceinline__ uint32_t key(float x) { return ~__float_as_uint(x); }
+    static __device__ __forceinline__ float score(uint32_t k) { return __uint_as_float(~k); }
+    static __device__ __forceinline__ bool live(uint32_t k) { return k > kNegInfKey; }
+};
+
 // The ancestor bits of a slot: one word per row for one set, two for two.
 template <int SETS>
 using SmallMask = typename std::conditional<SETS == 1, uint32_t, unsigned long long>::type;
@@ -95,38 +114,26 @@ __device__ __forceinline__ void small_finalize(const int (&D)[SETS], const int (
     if (lane == 0) n_nodes[g] = n;
 }
 
-template <int SETS>
-__device__ __forceinline__ void small_build(const float* __restrict__ glp, const int* __restrict__ gid, int K,
-                                            int V, int B, int Vs, unsigned char* smem_raw,
-                                            int* __restrict__ n_nodes, int* __restrict__ out_parent,
-                                            int* __restrict__ out_depth, int* __restrict__ out_token,
-                                            int* __restrict__ out_rank, float* __restrict__ out_logw,
-                                            int* __restrict__ out_first_child, int* __restrict__ out_next_sibling,
-                                            uint32_t* __restrict__ out_mask) {
-    static_assert(SETS == 1 || SETS == 2, "small path: one or two slots per lane");
+// The small path's loop and finalize (warp 0), its scores keyed by SmallKeys<kNonPositive>.
+template <int SETS, bool kNonPositive>
+__device__ __forceinline__ void small_loop(const float* lp0, const float* lp1, const float* lp_s, const int* ids_s,
+                                           int K, int V, int B, int Vs, unsigned char* smem_raw,
+                                           int* __restrict__ n_nodes, int* __restrict__ out_parent,
+                                           int* __restrict__ out_depth, int* __restrict__ out_token,
+                                           int* __restrict__ out_rank, float* __restrict__ out_logw,
+                                           int* __restrict__ out_first_child, int* __restrict__ out_next_sibling,
+                                           uint32_t* __restrict__ out_mask) {
     using Mask = SmallMask<SETS>;
+    using Keys = SmallKeys<kNonPositive>;
     constexpr int P = 32 * SETS;
-    float* const lp1 = reinterpret_cast<float*>(smem_raw);
-    int* const fc_s = reinterpret_cast<int*>(smem_raw + off_fc(P));
-    float* const lp0 = reinterpret_cast<float*>(smem_raw + off_lp0(P));
-    float* const lp_s = reinterpret_cast<float*>(smem_raw + off_x(P));
-    int* const ids_s = reinterpret_cast<int*>(smem_raw + off_x(P) + staged_bytes(K, Vs));
-
-    const int tid = (int)threadIdx.x;
-    const int lane = tid & 31;
+    const int lane = (int)(threadIdx.x & 31u);
     const int g = (int)blockIdx.x;
     const int N = B + 1;
-
-    // ---- prologue (whole block): one round of global loads, one barrier ----
-    if (tid < P) fc_s[tid] = -1;
-    stage_logprobs<true>(glp, gid, K, V, Vs, lp_s, ids_s, lp0, lp1);
-    __syncthreads();
-    if (tid >= 32) return;      // warp 0 alone from here: no barrier follows
 
     // ---- the loop (warp 0) ----
     // Per-lane state, per set k: slot 32 k + lane once taken (the root on lane 0 of set 0) and its entry at rank rho.
     //   L, D, par, mask  logw, depth, parent slot and ancestor bits of the slot
-    //   key          the entry's key (0: none or dead); a newborn's joins one step late (see the note)
+    //   key          the entry's key (0: none; dead: not Keys::live); a newborn's joins one step late (see the note)
     //   adv          the key at rank rho + 1 (0 when rho + 1 == V): the entry after a take
     //   nxt          top_logp[g, D, rho + 2], indices clamped into the staged range: for the adv after that
     //   rc0, rc1     lp0[D + 1], lp1[D + 1]: ranks 0 and 1 under the node this entry would become
@@ -144,11 +151,11 @@ __device__ __forceinline__ void small_build(const float* __restrict__ glp, const
 #pragma unroll
     for (int k = 0; k < SETS; ++k) {
         D[k] = 0, rho[k] = 0, par[k] = -1, L[k] = 0.0f;
-        adv[k] = score_key(__fadd_rn(0.0f, lp1[0]));
+        adv[k] = Keys::key(__fadd_rn(0.0f, lp1[0]));
         nxt[k] = lp_s[min(2, Vs - 1)];
         rc0[k] = lp0[1], rc1[k] = lp1[1], gl0[k] = lp0[2], gl1[k] = lp1[2];
-        ck[k] = score_key(__fadd_rn(sc0, rc0[k]));
-        ca[k] = score_key(__fadd_rn(sc0, rc1[k]));
+        ck[k] = Keys::key(__fadd_rn(sc0, rc0[k]));
+        ca[k] = Keys::key(__fadd_rn(sc0, rc1[k]));
         mask[k] = 1u;
         key[k] = 0u;                        // the root's entry joins through c at step 1
         is_w[k] = false;
@@ -157,7 +164,7 @@ __device__ __forceinline__ void small_build(const float* __restrict__ glp, const
 
     // The previous step's outcome, applied one step late (software pipelining, see the note): the best key, the
     // winner's slot and what it shuffled out.
-    uint32_t bal = 1u, m = 0u, c = score_key(sc0), a = adv[0];
+    uint32_t bal = 1u, m = 0u, c = Keys::key(sc0), a = adv[0];
     Mask wmask = 1u;
     int wl = -1, wD = -1, sp = 0;
     float g0 = rc0[0], g1 = rc1[0];
@@ -170,24 +177,25 @@ __device__ __forceinline__ void small_build(const float* __restrict__ glp, const
 #pragma unroll
         for (int k = 0; k < ACTIVE; ++k) {
             // The winner: its entry moves to rank rho + 1 (its key already did) and its adv to rank rho + 2.
-            const uint32_t w_adv = (rho[k] + 2 < V) ? score_key(__fadd_rn(L[k], nxt[k])) : 0u;
+            const uint32_t w_adv = (rho[k] + 2 < V) ? Keys::key(__fadd_rn(L[k], nxt[k])) : 0u;
             adv[k] = is_w[k] ? w_adv : adv[k];
             rho[k] = is_w[k] ? rho[k] + 1 : rho[k];
-            // The newborn: slot t under the winner (slot wl), depth D_w + 1, score key_score(m), entry keys c at
+            // The newborn: slot t under the winner (slot wl), depth D_w + 1, score Keys::score(m), entry keys c at
             // rank 0 (it joins `key` at the next step) and a at rank 1.
             const bool born = is_n[k] && t > 0;
             adv[k] = born ? a : adv[k];
             rho[k] = born ? 0 : rho[k];
-            L[k] = born ? key_score(m) : L[k];
+            L[k] = born ? Keys::score(m) : L[k];
             D[k] = born ? wD + 1 : D[k];
             rc0[k] = born ? g0 : rc0[k];
             rc1[k] = born ? g1 : rc1[k];
             par[k] = born ? wl : par[k];
             mask[k] = born ? (wmask | ((Mask)1u << (t & (P - 1)))) : mask[k];
-            // What a take of the entry would hand out. key_score(0) is NaN: a dead entry's keys stay 0.
-            const float sc = key_score(is_n[k] ? c : key[k]);
-            ck[k] = score_key(__fadd_rn(sc, rc0[k]));
-            ca[k] = score_key(__fadd_rn(sc, rc1[k]));
+            // What a take of the entry would hand out. Keys::score(0) is NaN: a dead entry's keys come out dead
+            // (general keys) or unused (a dead entry never wins).
+            const float sc = Keys::score(is_n[k] ? c : key[k]);
+            ck[k] = Keys::key(__fadd_rn(sc, rc0[k]));
+            ca[k] = Keys::key(__fadd_rn(sc, rc1[k]));
             nxt[k] = lp_s[min(D[k], K - 1) * Vs + min(rho[k] + 2, Vs - 1)];
             gl0[k] = lp0[D[k] + 2];         // D <= K <= 64: inside lp0 / lp1's 72 entries
             gl1[k] = lp1[D[k] + 2];
@@ -214,7 +222,7 @@ __device__ __forceinline__ void small_build(const float* __restrict__ glp, const
 #pragma unroll
         for (int k = 0; k < ACTIVE; ++k) {
             key[k] = is_n[k] ? c : key[k];
-            cand[k] = key[k] != 0u && s <= B && key[k] == m;
+            cand[k] = Keys::live(key[k]) && s <= B && key[k] == m;
             ballots[k] = __ballot_sync(kFull, cand[k]);
         }
         const int win = ACTIVE == 2 && ballots[0] == 0u ? 1 : 0;   // the set of the smallest slot holding m
@@ -263,6 +271,37 @@ __device__ __forceinline__ void small_build(const float* __restrict__ glp, const
     apply(sp, All{});      // the last step's outcome (a no-op if it took nothing)
     small_finalize<SETS>(D, par, L, mask, lanes_below, g, N, Vs, ids_s, smem_raw, n_nodes, out_parent, out_depth,
                          out_token, out_rank, out_logw, out_first_child, out_next_sibling, out_mask);
+}
+
+template <int SETS>
+__device__ __forceinline__ void small_build(const float* __restrict__ glp, const int* __restrict__ gid, int K,
+                                            int V, int B, int Vs, unsigned char* smem_raw,
+                                            int* __restrict__ n_nodes, int* __restrict__ out_parent,
+                                            int* __restrict__ out_depth, int* __restrict__ out_token,
+                                            int* __restrict__ out_rank, float* __restrict__ out_logw,
+                                            int* __restrict__ out_first_child, int* __restrict__ out_next_sibling,
+                                            uint32_t* __restrict__ out_mask) {
+    static_assert(SETS == 1 || SETS == 2, "small path: one or two slots per lane");
+    constexpr int P = 32 * SETS;
+    float* const lp1 = reinterpret_cast<float*>(smem_raw);
+    int* const fc_s = reinterpret_cast<int*>(smem_raw + off_fc(P));
+    float* const lp0 = reinterpret_cast<float*>(smem_raw + off_lp0(P));
+    float* const lp_s = reinterpret_cast<float*>(smem_raw + off_x(P));
+    int* const ids_s = reinterpret_cast<int*>(smem_raw + off_x(P) + staged_bytes(K, Vs));
+
+    const int tid = (int)threadIdx.x;
+
+    // ---- prologue (whole block): one round of global loads, one barrier ----
+    if (tid < P) fc_s[tid] = -1;
+    const int not_nonpositive = stage_logprobs<true>(glp, gid, K, V, Vs, lp_s, ids_s, lp0, lp1);
+    const bool nonpositive = __syncthreads_or(not_nonpositive) == 0;
+    if (tid >= 32) return;      // warp 0 alone from here: no barrier follows
+    if (nonpositive)
+        small_loop<SETS, true>(lp0, lp1, lp_s, ids_s, K, V, B, Vs, smem_raw, n_nodes, out_parent, out_depth,
+                               out_token, out_rank, out_logw, out_first_child, out_next_sibling, out_mask);
+    else
+        small_loop<SETS, false>(lp0, lp1, lp_s, ids_s, K, V, B, Vs, smem_raw, n_nodes, out_parent, out_depth,
+                                out_token, out_rank, out_logw, out_first_child, out_next_sibling, out_mask);
 }
 
 }  // namespace

@@ -11,7 +11,8 @@ namespace {
 // with kLp1, lp1[d] = top_logp[g, d, 1] (-inf for d >= K; lp1 also for V == 1), d < kLp0Len. Each thread issues
 // its first element's loads and its lp0 / lp1 loads before any store: a store right behind its load stalls the
 // thread (in-order issue) until the data arrives, so a store between two loads would cost a second memory round
-// trip before the barrier. Returns whether this thread staged a log-prob > 0.
+// trip before the barrier. Returns whether this thread staged a log-prob > 0 (with kLp1, the small path's: one not
+// <= 0, so NaN too: the small path keys scores <= 0 as their bits).
 template <bool kLp1>
 __device__ __forceinline__ int stage_logprobs(const float* __restrict__ glp, const int* __restrict__ gid, int K,
                                               int V, int Vs, float* lp_s, int* ids_s, float* lp0, float* lp1) {
@@ -37,12 +38,12 @@ __device__ __forceinline__ int stage_logprobs(const float* __restrict__ glp, con
         const float y = glp[(size_t)d * V + r];
         lp_s[i] = y;
         ids_s[i] = gid[(size_t)d * V + r];
-        positive |= (y > 0.0f);
+        positive |= kLp1 ? !(y <= 0.0f) : (y > 0.0f);
     }
     if (tid < count) {
         lp_s[tid] = x;
         ids_s[tid] = id;
-        positive |= (x > 0.0f);
+        positive |= kLp1 ? !(x <= 0.0f) : (x > 0.0f);
     }
     if (tid < kLp0Len) {
         lp0[tid] = l0;
