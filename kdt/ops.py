@@ -81,6 +81,11 @@ class Attention(NamedTuple):
     lse: Any    # float32 [G, N, H]
 
 
+@functools.lru_cache(maxsize=64)
+def _dtype_name(dtype) -> str:
+    return np.dtype(dtype).name
+
+
 def _device_array(value, name: str):
     """(CuPy array, contract dtype name) for one input, without copying."""
     cp = runtime.cupy()
@@ -90,7 +95,7 @@ def _device_array(value, name: str):
             raise BadInput(name, "Bf16 wrapping a CuPy uint16 array", type(array).__name__)
         return array, "bfloat16"
     if isinstance(value, cp.ndarray):
-        return value, np.dtype(value.dtype).name
+        return value, _dtype_name(value.dtype)
     module = type(value).__module__.split(".")[0]
     if module == "torch":
         import torch
@@ -125,27 +130,35 @@ def _stage(stage: str | StageSpec) -> StageSpec:
     return stage if isinstance(stage, StageSpec) else stages.get(stage)
 
 
-@functools.lru_cache(maxsize=4096)
-def _cached_plan(stage: str, inputs: tuple, params: tuple, target: Target, knobs) -> LaunchPlan:
-    return runtime.launcher(stages.get(stage)).plan(dict(inputs), dict(params), target, knobs)
-
-
-def plan_for(stage: str | StageSpec, inputs: Mapping[str, ArraySpec], params: Mapping[str, Any], target: Target,
-             knobs: Mapping[str, Any] | None = None) -> LaunchPlan:
-    """The launch plan for inputs described by ArraySpecs, for `target` (no GPU needed). The layout and the
-    parameters are checked against the contract first (BadInput)."""
-    spec = _stage(stage)
+def _checked_plan(spec: StageSpec, inputs: Mapping[str, ArraySpec], params: Mapping[str, Any], target: Target,
+                  knobs: Mapping[str, Any] | None) -> LaunchPlan:
     shapes, dtypes = {n: s.shape for n, s in inputs.items()}, {n: s.dtype for n, s in inputs.items()}
     spec.check_layout(shapes, dtypes, dict(params))
     if spec.check_launch is not None:
         spec.check_launch(shapes, dtypes, dict(params))
     chosen = make_knobs(runtime.launcher(spec).Knobs, knobs)
+    return runtime.launcher(spec).plan(dict(inputs), dict(params), target, chosen)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_plan(stage: str, inputs: tuple, params: tuple, target: Target, knobs: tuple) -> LaunchPlan:
+    # only checks that passed are cached (a BadInput propagates): the same key passes again
+    return _checked_plan(stages.get(stage), dict(inputs), dict(params), target, dict(knobs))
+
+
+def plan_for(stage: str | StageSpec, inputs: Mapping[str, ArraySpec], params: Mapping[str, Any], target: Target,
+             knobs: Mapping[str, Any] | None = None) -> LaunchPlan:
+    """The launch plan for inputs described by ArraySpecs, for `target` (no GPU needed). The layout and the
+    parameters are checked against the contract first (BadInput); a layout, parameters and knobs seen before
+    reuse that check and plan (an eager call's host time)."""
+    spec = _stage(stage)
     try:
-        key = (tuple(sorted(inputs.items())), tuple(sorted(params.items())))
+        key = (tuple(sorted(inputs.items())), tuple(sorted(params.items())),
+               tuple(sorted(knobs.items())) if knobs else ())
         hash(key)
-    except TypeError:   # a parameter value that cannot be hashed (a list, an array): plan without the cache
-        return runtime.launcher(spec).plan(dict(inputs), dict(params), target, chosen)
-    return _cached_plan(spec.name, *key, target, chosen)
+    except TypeError:   # a value that cannot be hashed (a list, an array): check and plan without the cache
+        return _checked_plan(spec, inputs, params, target, knobs)
+    return _cached_plan(spec.name, key[0], key[1], target, key[2])
 
 
 def _prepare(spec: StageSpec, inputs: Mapping[str, Any], params: Mapping[str, Any], knobs):
