@@ -55,6 +55,7 @@ extern "C" __constant__ int kdt_topk_general_threads = topk::GEN_THREADS;
 extern "C" __constant__ int kdt_topk_gate_threads = topk::GATE_THREADS;
 extern "C" __constant__ int kdt_topk_gate_room_per_v = topk::GATE_ROOM_PER_V;
 extern "C" __constant__ int kdt_topk_gate_min_room = topk::GATE_MIN_ROOM;
+extern "C" __constant__ int kdt_topk_gate_f32_ring_bytes = topk::GATE_F32_RING_BYTES;
 extern "C" __constant__ int kdt_topk_max_v = topk::MAX_V;
 extern "C" __constant__ int kdt_topk_max_vocab = topk::MAX_VOCAB;
 extern "C" __constant__ int kdt_topk_small_stage_bytes = topk::SMALL_STAGE_BYTES;

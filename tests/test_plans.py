@@ -77,6 +77,10 @@ def test_topk_paths_by_rows_and_fan_out(targets):
     middle = _topk(h200, 8 * 15, 163840, 8)
     assert middle.path == "small" and 1 < middle.fact("splits") < 8 and middle.workspace_bytes > 0
     assert _topk(h200, 15, 163840, 64).path == "gate"
+    # f32 rows stream through a two-step ring of 1,024 x 4 vectors after the buffer; bf16 and sm_120 load registers
+    assert _topk(h200, 15, 163840, 64).launches[0].dynamic_smem == 8 * 2048 + 2 * 4 * 1024 * 16
+    assert _topk(h200, 15, 163840, 1024, "bfloat16").launches[0].dynamic_smem == 8 * 4096
+    assert _topk(targets("topk", "sm_120"), 15, 163840, 64).launches[0].dynamic_smem == 8 * 2048
     assert _topk(h200, 15, 163840, 64, gate=False).path == "radix"
     assert _topk(h200, 15, 163841, 64).path == "radix"             # rows not a whole number of vectors
     assert _topk(h200, 15, 163840, 64, alignment=8).path == "radix"

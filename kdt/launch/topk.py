@@ -11,7 +11,8 @@ Paths (the kernel's header and plans/kernels/topk.md say how each works):
             shapes (`kdt_topk_resident_{wide,narrow}_*`): each block holds its whole chunk in shared memory.
   gate      V > 32, rows 16-byte aligned and vocab a whole number of vectors: `kdt_topk_gate_{f32,bf16}`, one
             1024-thread block per row reads it once, keeping the candidates above a gate in shared memory (the
-            buffer's entries in dynamic shared memory, 8 bytes each) and pruning them by radix select.
+            buffer's entries in dynamic shared memory, 8 bytes each) and pruning them by radix select; f32 rows
+            stream through a cp.async ring after the buffer (kdt_topk_gate_f32_ring_bytes, 0 on sm_120).
   radix     the other rows with V > 32: `kdt_topk_general_{f32,bf16}`, one 1024-thread block per row, exact radix
             select over 2-5 reads of the row.
 
@@ -113,8 +114,9 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     if vt is None:
         if knobs.gate and vocab % VECTOR_ELEMENTS[logits.dtype] == 0 and logits.alignment >= VECTOR_BYTES:
             capacity = gate_capacity(V, target)
+            ring = target.constant("kdt_topk_gate_f32_ring_bytes") if sfx == "f32" else 0   # bf16: registers
             launch = KernelLaunch(f"kdt_topk_gate_{sfx}", (rows, 1, 1), target.constant("kdt_topk_gate_threads"),
-                                  (*tensors, np.int32(vocab), np.int32(V), np.int32(capacity)), capacity * 8)
+                                  (*tensors, np.int32(vocab), np.int32(V), np.int32(capacity)), capacity * 8 + ring)
             return LaunchPlan("topk", "gate", (launch,), facts=(("buffer entries", capacity),), knobs=knobs)
         launch = KernelLaunch(f"kdt_topk_general_{sfx}", (rows, 1, 1), target.constant("kdt_topk_general_threads"),
                               (*tensors, np.int32(vocab), np.int32(V)))

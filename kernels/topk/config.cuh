@@ -95,6 +95,16 @@ static_assert(GEN_BINS % GEN_THREADS == 0, "bins per thread");
 constexpr int GATE_THREADS = GEN_THREADS;     // radix_select and sort_and_write run on GEN_THREADS
 constexpr int GATE_WARPS = GATE_THREADS / 32;
 constexpr int GATE_U = 4;                     // 16-byte vectors in flight per thread and step
+// GATE_F32_STAGES: steps of the f32 gate kernel's cp.async ring (dynamic shared memory after the buffer,
+// GATE_F32_RING_BYTES), issued that many steps ahead; 0: every step loads into registers (sm_120's 99 KB cannot
+// hold a 64 KB step twice). bf16 loads into registers everywhere: at V = 1,024 every warp-vector holds a candidate,
+// the kernel is bound by its instructions, and the ring's copies and reads cost 1-2% there (plans/kernels/topk.md).
+#if defined(KDT_SMEM_99KB)
+constexpr int GATE_F32_STAGES = 0;
+#else
+constexpr int GATE_F32_STAGES = 2;
+#endif
+constexpr int GATE_F32_RING_BYTES = GATE_F32_STAGES * GATE_U * GEN_THREADS * VEC_BYTES;
 constexpr int GATE_ROOM_PER_V = 4;            // the buffer: GATE_ROOM_PER_V * V entries, at least GATE_MIN_ROOM
 constexpr int GATE_MIN_ROOM = 2048;
 constexpr int GATE_RANK_BIN = 64;             // the final sort by rank within bins, up to this many a bin

@@ -12,6 +12,8 @@
 #include <float.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "common/bits.cuh"
 #include "common/ptx.cuh"
 #include "topk/config.cuh"
@@ -246,7 +248,7 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
     constexpr int U = GATE_U;
     constexpr int W = E::W;
 
-    extern __shared__ unsigned long long buf[];
+    extern __shared__ unsigned long long buf[];   // [capacity], then the ring: [STAGES][U][T] vectors
     __shared__ GateShared sh;
 
     if (V < 1 || V > MAX_V || V > vocab || vocab > MAX_VOCAB || vocab % W || capacity != gate_capacity(V))
@@ -271,16 +273,48 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
     // each warp's share of a step is one contiguous run of 32 * U vectors (a load instruction reads 512 bytes of it)
     const int warp_first = warp * 32 * U;
 
+    // Steps from 1 on stream through the ring (STAGES > 0): step st's vectors go to slot st % STAGES, copied
+    // STAGES steps ahead, one cp.async group a step (empty past the end, so that the count stays uniform). A
+    // thread reads back only the vectors it copied: no barrier, only the group wait. The next copies go into the
+    // slot just read, after the reads in program order (as the small path's ring).
+    constexpr int STAGES = std::is_same<Tin, float>::value ? GATE_F32_STAGES : 0;
+    constexpr int RING = STAGES > 0 ? STAGES : 1;
+    const int steps = (vectors + T * U - 1) / (T * U);
+    // this thread's vector u of step st: ring[((st % RING) * U + u) * T]
+    const Vec* const ring = reinterpret_cast<const Vec*>(buf + capacity) + tid;
+    auto issue_step = [&](int st) {
+        if (st < steps) {
+            const int base = st * T * U + warp_first + lane;
+            const uint32_t slot = kdt::smem_addr(ring + (st % RING) * U * T);
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (base + u * 32 < vectors) kdt::cp_async16(slot + (uint32_t)(u * T * VEC_BYTES), rp + base + u * 32);
+        }
+        kdt::cp_async_commit();
+    };
+
     Softmax sm;
     BlockGate g;
-    for (int first = 0; first < vectors; first += T * U) {
+    for (int first = 0, st = 0; first < vectors; first += T * U, ++st) {
         Vec v[U];
         bool valid[U];
+        if (STAGES == 0 || st == 0) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int i = first + warp_first + u * 32 + lane;
-            valid[u] = i < vectors;
-            v[u] = valid[u] ? __ldg(rp + i) : E::ninf_vec();
+            for (int u = 0; u < U; ++u) {
+                const int i = first + warp_first + u * 32 + lane;
+                valid[u] = i < vectors;
+                v[u] = valid[u] ? __ldg(rp + i) : E::ninf_vec();
+            }
+            if constexpr (STAGES > 0)
+                for (int ahead = 1; ahead <= STAGES; ++ahead) issue_step(ahead);   // behind step 0's loads
+        } else if constexpr (STAGES > 0) {
+            kdt::cp_async_wait<STAGES - 1>();       // this step's group has landed
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                valid[u] = first + warp_first + u * 32 + lane < vectors;
+                v[u] = valid[u] ? ring[((st % RING) * U + u) * T] : E::ninf_vec();
+            }
+            issue_step(st + STAGES);
         }
         // The first step opens the gate at the V-th best of its vector maxima (V vectors hold an element at
         // least as good), so that it appends about V elements, not all of them.
@@ -303,6 +337,7 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
             g.set(gate_rendezvous(buf, capacity, V, sh, warp_hi_key(sm.m), finished));
         }
     }
+    if constexpr (STAGES > 0) kdt::cp_async_wait<0>();   // the empty groups past the end
     // past the last step: meet the others until none asks for a prune (a meeting without a request has every
     // warp here: a warp still scanning comes only when asked)
     for (;;) {
