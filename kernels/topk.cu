@@ -31,7 +31,8 @@
 //             dynamic smem max(chunk bytes, kdt_topk_resident_*_min_smem); a chunk <= 16 (wide) / 20 (narrow)
 //             16-byte vectors per thread, vocab a multiple of 16 bytes; wide up to 7 rows, narrow beyond.
 //   gate:     grid R, 1024 threads, 8.7 KB static smem + dynamic 8 * capacity bytes, capacity =
-//             max(kdt_topk_gate_room_per_v * V, kdt_topk_gate_min_room) (V = 1024: 32 KB).
+//             max(kdt_topk_gate_room_per_v * V, kdt_topk_gate_min_room) (V = 1024: 32 KB), + for f32 the
+//             cp.async ring, kdt_topk_gate_f32_ring_bytes (128 KB on sm_90 / sm_100, 0 on sm_120).
 //   general:  grid R, 1024 threads, ~16 KB static smem.
 //
 // Memory traffic: the logits once (small, cluster, resident) + R*V*8 bytes of outputs (+ the small path's

@@ -1,12 +1,13 @@
 // kernels/topk/gate.cuh -- the gate path (32 < V <= 1024, rows 16-byte aligned): one block of 1024 threads per row
-// reads the row once, in 16-byte vectors, and keeps in a shared buffer every element whose composite reaches the
-// gate, a lower bound of the row's V-th best composite (opened at the first step's V-th best vector maximum). The
-// warps stream without block barriers: a warp whose append passes a mark (or finds the buffer full) raises a flag,
-// every warp meets the others at the end of its step (at once, if the buffer is full or it has finished), and the
-// block prunes the buffer by radix select, which raises the gate. The meeting's barriers are the divergent kind
-// (warps reach them from different places). The softmax statistics ride in the same pass; an exact prune, a sort
-// and the outputs end it. Exact: an element below the gate is below V kept ones. gate_impl<Tin> serves
-// kdt_topk_gate_{f32,bf16}. Design, figures: plans/kernels/topk.md, "Gate path (wide V)".
+// reads the row once, in 16-byte vectors (f32 rows through a cp.async ring on the 227 KB parts), and keeps in a
+// shared buffer every element whose composite reaches the gate, a lower bound of the row's V-th best composite
+// (opened at the first step's V-th best vector maximum). The warps stream without block barriers: a warp whose
+// append passes a mark (or finds the buffer full) raises a flag, every warp meets the others at the end of its step
+// (at once, if the buffer is full or it has finished), and the block prunes the buffer by radix select, which
+// raises the gate. The meeting's barriers are the divergent kind (warps reach them from different places). The
+// softmax statistics ride in the same pass; an exact prune, a sort and the outputs end it. Exact: an element below
+// the gate is below V kept ones. gate_impl<Tin> serves kdt_topk_gate_{f32,bf16}. Design, figures:
+// plans/kernels/topk.md, "Gate path (wide V)".
 #pragma once
 
 #include <float.h>
