@@ -152,6 +152,8 @@ def plan_for(stage: str | StageSpec, inputs: Mapping[str, ArraySpec], params: Ma
     parameters are checked against the contract first (BadInput); a layout, parameters and knobs seen before
     reuse that check and plan (an eager call's host time)."""
     spec = _stage(stage)
+    if knobs is not None and not isinstance(knobs, Mapping):
+        raise BadInput("knobs", "a mapping of knob names to values (kdt plan STAGE lists them)", type(knobs).__name__)
     try:
         key = (tuple(sorted(inputs.items())), tuple(sorted(params.items())),
                tuple(sorted(knobs.items())) if knobs else ())

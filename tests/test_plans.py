@@ -239,3 +239,17 @@ def test_plans_are_checked_against_the_contract_first():
     with pytest.raises(BadInput) as error:
         ops.plan_for("topk", {"logits": ArraySpec((1, 2, 100), "float32")}, {"k": 101}, target)
     assert error.value.argument == "k"
+
+
+@pytest.mark.nvcc
+def test_knobs_that_are_not_a_mapping_are_bad_input_and_checks_are_not_skipped_by_the_plan_cache(targets):
+    target = targets("topk", "sm_90")
+    logits = {"logits": ArraySpec((1, 15, 163840), "float32")}
+    for knobs in ([("gate", False)], "gate=0"):
+        with pytest.raises(BadInput, match="knobs: expected a mapping"):
+            ops.plan_for("topk", logits, {"k": 64}, target, knobs)
+    assert ops.plan_for("topk", logits, {"k": 64}, target, {"gate": "false"}).path == "radix"
+    # a bad layout fails every time, not only before its first (cached) success with good values
+    for _ in range(2):
+        with pytest.raises(BadInput):
+            ops.plan_for("topk", logits, {"k": 2000}, target)
