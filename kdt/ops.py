@@ -136,8 +136,8 @@ def _checked_plan(spec: StageSpec, inputs: Mapping[str, ArraySpec], params: Mapp
     spec.check_layout(shapes, dtypes, dict(params))
     if spec.check_launch is not None:
         spec.check_launch(shapes, dtypes, dict(params))
-    chosen = make_knobs(runtime.launcher(spec).Knobs, knobs)
-    return runtime.launcher(spec).plan(dict(inputs), dict(params), target, chosen)
+    launcher = runtime.launcher(spec)
+    return launcher.plan(dict(inputs), dict(params), target, make_knobs(launcher.Knobs, knobs))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -1,8 +1,8 @@
 // kernels/topk/softmax.cuh -- the softmax statistics, gathered in the same read of the logits as the selection:
 // (m, s) pairs with s = sum exp(x - m) and their merges (stat_merge, raise_max, warp / block folds), and the small
 // and resident paths' online softmax per group of vectors (Softmax, group_max, group_exp_sum, add_group), and the
-// scan step the small and gate paths share (scan_group). Used by
-// every entry point. The modes, the base margin and the error budget: plans/kernels/topk.md, "Softmax statistics".
+// scan step the small and gate paths share (scan_group). Used by every entry point. The modes, the base margin and
+// the error budget: plans/kernels/topk.md, "Softmax statistics".
 #pragma once
 
 #include <float.h>

@@ -7,6 +7,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "tree_build/finalize.cuh"
 #include "tree_build/layout.cuh"
 #include "tree_build/select.cuh"
@@ -109,14 +111,14 @@ __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_lo
             // kind its own function, so the narrow one compiles as it did before the wide one existed.
             const SelectLogProbs lps{lp_s, glp, Vs, V, min(V, B + 1)};
             const bool wide = kPartialLp || lps.fanout > kSelectNarrowFanout;
-            if (cap > cap3)
-                selected = wide
-                    ? select_build<true, true>(lps, K, B, cap, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc)
-                    : select_build<true, false>(lps, K, B, cap, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
-            if (!selected)
-                selected = wide
-                    ? select_build<false, true>(lps, K, B, cap3, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc)
-                    : select_build<false, false>(lps, K, B, cap3, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
+            const auto attempt = [&](auto keep, int pool) {
+                constexpr bool kKeep = decltype(keep)::value;
+                return wide
+                    ? select_build<kKeep, true>(lps, K, B, pool, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc)
+                    : select_build<kKeep, false>(lps, K, B, pool, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
+            };
+            if (cap > cap3) selected = attempt(std::true_type{}, cap);
+            if (!selected) selected = attempt(std::false_type{}, cap3);
             if (selected && tid == 0) atomicAdd(&kdt_tree_build_select_runs, 1ull);
         }
     }

@@ -296,12 +296,13 @@ __device__ __forceinline__ void small_build(const float* __restrict__ glp, const
     const int not_nonpositive = stage_logprobs<true>(glp, gid, K, V, Vs, lp_s, ids_s, lp0, lp1);
     const bool nonpositive = __syncthreads_or(not_nonpositive) == 0;
     if (tid >= 32) return;      // warp 0 alone from here: no barrier follows
-    if (nonpositive)
-        small_loop<SETS, true>(lp0, lp1, lp_s, ids_s, K, V, B, Vs, smem_raw, n_nodes, out_parent, out_depth,
-                               out_token, out_rank, out_logw, out_first_child, out_next_sibling, out_mask);
-    else
-        small_loop<SETS, false>(lp0, lp1, lp_s, ids_s, K, V, B, Vs, smem_raw, n_nodes, out_parent, out_depth,
-                                out_token, out_rank, out_logw, out_first_child, out_next_sibling, out_mask);
+    const auto loop = [&](auto keys_as_bits) {
+        small_loop<SETS, decltype(keys_as_bits)::value>(lp0, lp1, lp_s, ids_s, K, V, B, Vs, smem_raw, n_nodes,
+                                                         out_parent, out_depth, out_token, out_rank, out_logw,
+                                                         out_first_child, out_next_sibling, out_mask);
+    };
+    if (nonpositive) loop(std::true_type{});
+    else loop(std::false_type{});
 }
 
 }  // namespace
