@@ -166,10 +166,12 @@ def test_verify_attn_splits_fill_the_gpu_from_shapes_alone(targets):
     assert small.workspace_bytes == 16 * 8 * 1 * 64 * 513 * 4
     assert plan(1, 8, 8, 1024, min_ctas=0).fact("splits") == 4     # capped by 4 tiles (pages) per split
     assert plan(1, 8, 8, 1024).fact("splits") == 16                 # one tile a split rather than 4 CTAs
-    assert plan(4, 8, 8, 1024).fact("splits") == 8                  # 4 x 8 = min_ctas
-    assert plan(1, 8, 8, 8192).fact("splits") == 32                 # 4 tiles a split already make 32 CTAs
+    assert plan(4, 8, 8, 1024).fact("splits") == 16                 # 4 x 16 = min_ctas
+    assert plan(1, 8, 8, 8192).fact("splits") == 32                 # 4 tiles a split, and fill_splits
+    assert plan(1, 8, 8, 8192, fill_splits=64).fact("splits") == 64  # two tiles a split: 64 CTAs
+    assert plan(1, 8, 64, 1024).fact("splits") == 8                 # 8 query tiles x 8 = min_ctas
     assert plan(1, 8, 8, 1024, min_tiles_per_split=1).fact("splits") == 16
-    assert plan(1, 8, 8, 1024, arch="sm_120").fact("splits") == 16  # 16-key tiles: 4 tiles is one page
+    assert plan(1, 8, 8, 1024, arch="sm_120").fact("splits") == 32  # 16-key tiles: 4 tiles is one page
     assert plan(8, 8, 8, 131072, sms=70).fact("splits") == 8       # an RTX 5070 Ti's 70 SMs
     assert plan(8, 8, 8, 131072, splits=1).workspace_bytes == 0
 

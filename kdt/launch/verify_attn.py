@@ -30,21 +30,23 @@ class Knobs:
                                        "keys (4 pages on sm_90a, 1 on the sm_120 configuration): it amortises "
                                        "its Q load and its partial write")
     splits: int | None = knob(None, "key-tile splits per (request, query tile); None: enough CTAs for one wave")
-    min_ctas: int = knob(32, "splits may hold fewer than min_tiles_per_split tiles (down to one) where that is "
+    min_ctas: int = knob(64, "splits may hold fewer than min_tiles_per_split tiles (down to one) where that is "
                              "what it takes for this many CTAs: a short prefix at G = 1 would run 4 CTAs")
+    fill_splits: int = knob(32, "the most splits min_ctas may ask for: past 32 a split's share of the combine "
+                                "costs more than the shorter mainloop gains")
 
 
 def num_splits(groups: int, slots: int, heads: int, max_pages: int, target: Target, knobs: Knobs) -> int:
     """Splits per (request, query tile): enough CTAs for one wave, each holding at least min_tiles_per_split key
     tiles of the largest possible prefix (the block table's width), or one tile where fewer would leave the
-    launch under min_ctas CTAs."""
+    launch under min_ctas CTAs (up to fill_splits of them)."""
     base = groups * cdiv(slots * heads, target.constant("kdt_verify_attn_rows"))
     if knobs.splits is not None:
         return max(1, knobs.splits)
     if base == 0 or base >= target.multiprocessors:
         return 1
     tiles = max_pages * target.constant("kdt_verify_attn_page") // target.constant("kdt_verify_attn_kv_tile")
-    wanted = max(tiles // knobs.min_tiles_per_split, min(tiles, cdiv(knobs.min_ctas, base)))
+    wanted = max(tiles // knobs.min_tiles_per_split, min(tiles, cdiv(knobs.min_ctas, base), knobs.fill_splits))
     return max(1, min(target.multiprocessors // base, wanted))
 
 
