@@ -23,7 +23,8 @@
 //            ROWS = 64: 230912 B on sm_90 / sm_100 (Q 72 KB + 2 key tiles of 64 tokens + P 8 KB + row stats),
 //            230952 B on sm_90a (+ 5 mbarriers); ROWS = 32 on sm_120: 92832 B (a ring of 4 key tiles of 16 tokens +
 //            the S exchange 16 KB + P 2 KB + row stats + 4 mbarriers; Q in registers).
-//   combine: grid (ceil(N*H/2), G), block 256 (4 warps per row), no smem.
+//   combine: grid (ceil(N*H/2), G), block 256 (4 warps per row), no smem; by programmatic dependent launch, so
+//            its blocks start while the main kernel ends and wait (griddepcontrol) before reading its partials.
 //   num_splits comes from shapes only (graph capturable); the workspace carries nothing between launches.
 //
 // Memory traffic
@@ -73,6 +74,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
     const va::FwdParams p{q, kv_cache, block_table, prefix_len, kv_tree, mask, n_nodes, G, N, H, max_pages, W,
                           scale_log2e, num_splits, out_bf16, out, lse, part_o, part_lse};
     const int tid = threadIdx.x;  // read here: only the kernel's own read carries its launch bounds
+    kdt::launch_dependents();     // the combine's blocks may start now, on the SMs this launch leaves idle
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     va::attend_wgmma(p, smem, tid);
 #elif defined(KDT_SMEM_99KB)
@@ -100,6 +102,7 @@ extern "C" __global__ void __launch_bounds__(va::COMBINE_THREADS)
     const int col = 4 * (lane + 32 * (warp % COMBINE_WARPS_PER_ROW));
     const int R = N * H;
     if (r >= R) return;
+    kdt::wait_for_prior_launches();   // launched while the main kernel may still run (plan: overlaps_previous)
     const int active = min(max(n_nodes[g] + 1, 0), N) * H;
     const size_t split_stride = static_cast<size_t>(G) * Rpad;    // rows between two splits of one row
     const float* row_lse = part_lse + static_cast<size_t>(g) * Rpad + r;

@@ -174,6 +174,11 @@ def test_verify_attn_splits_fill_the_gpu_from_shapes_alone(targets):
     assert plan(1, 8, 8, 1024, arch="sm_120").fact("splits") == 32  # 16-key tiles: 4 tiles is one page
     assert plan(8, 8, 8, 131072, sms=70).fact("splits") == 8       # an RTX 5070 Ti's 70 SMs
     assert plan(8, 8, 8, 131072, splits=1).workspace_bytes == 0
+    # the combine starts by programmatic dependent launch where the main kernel leaves half the SMs idle (it waits
+    # for the partials on the device): 8 x 16 = 128 CTAs on 132 SMs do not, 16 do
+    assert [k.overlaps_previous for k in small.launches] == [False, False]
+    assert [k.overlaps_previous for k in plan(1, 8, 8, 1024).launches] == [False, True]
+    assert [k.overlaps_previous for k in plan(1, 8, 8, 1024, overlap_combine=False).launches] == [False, False]
 
 
 @pytest.mark.nvcc

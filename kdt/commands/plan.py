@@ -44,7 +44,7 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
     table = Sheet(f"kdt plan {spec.name}{set_label(shape_set)}: {target.arch}, {target.multiprocessors} SMs"
                   + (f", knobs {', '.join(f'{k}={v}' for k, v in knobs.items())}" if knobs else ""),
                   ("case" if case is not None else "shape", "path", "function", "grid", "block", "cluster",
-                   "blocks/SM", "smem B", "workspace B", "facts"))
+                   "blocks/SM", "smem B", "overlaps previous", "workspace B", "facts"))
     plans = []
     for name, inputs, params in items:
         plan = ops.plan_for(spec, inputs, params, target, knobs)
@@ -53,7 +53,7 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
         for index, row in enumerate(plan.rows() or [None]):
             first = index == 0
             cells = ([row["function"], row["grid"], str(row["block"]), str(row["cluster"]), str(row["blocks/SM"]),
-                      str(row["dynamic smem B"])] if row else ["-"] * 6)
+                      str(row["dynamic smem B"]), "yes" if row["overlaps previous"] else ""] if row else ["-"] * 7)
             table.add_row(name if first else "", plan.path if first else "", *cells,
                           str(plan.workspace_bytes) if first else "", facts if first else "")
     out = Report("plan", output)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from typing import Mapping
+
+import numpy as np
 
 from kdt.launch.plan import KernelLaunch, LaunchPlan, Workspace
 
@@ -41,5 +45,47 @@ def run_plan(module, plan: LaunchPlan, arrays: Mapping[str, object], workspace, 
     for launch in plan.launches:
         args = tuple(arrays[arg] if isinstance(arg, str) else workspace[arg.offset:] if isinstance(arg, Workspace)
                      else arg for arg in launch.args)
-        kernel_function(module, launch)(launch.grid, (launch.block, 1, 1), args, shared_mem=launch.dynamic_smem,
-                                        stream=stream)
+        function = kernel_function(module, launch)
+        if launch.overlaps_previous:
+            _launch_overlapping(function, launch, args, stream)
+        else:
+            function(launch.grid, (launch.block, 1, 1), args, shared_mem=launch.dynamic_smem, stream=stream)
+
+
+PROGRAMMATIC_STREAM_SERIALIZATION = 6         # CUlaunchAttributeID (cuda.h)
+
+
+class _LaunchAttribute(ctypes.Structure):     # CUlaunchAttribute: the id, padding, a 64-byte value union
+    _fields_ = [("id", ctypes.c_uint32), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int32 * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):        # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("shared_mem", ctypes.c_uint32),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)),
+                ("num_attrs", ctypes.c_uint32)]
+
+
+@functools.cache
+def _launch_kernel_ex():
+    """The driver's cuLaunchKernelEx (CUDA 12.0+), which CuPy's kernel call does not expose."""
+    function = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                         ctypes.c_void_p]
+    return function
+
+
+def _launch_overlapping(function, launch: KernelLaunch, args: tuple, stream) -> None:
+    """`function` launched with programmatic stream serialization (see KernelLaunch.overlaps_previous). Each
+    argument is passed as its bytes: a device pointer for an array, a numpy scalar as it is."""
+    values = [ctypes.create_string_buffer(arg.tobytes() if isinstance(arg, np.generic) else
+                                          np.uint64(arg.data.ptr).tobytes()) for arg in args]
+    params = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.cast(v, ctypes.c_void_p) for v in values])
+    attribute = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
+    attribute.value[0] = 1
+    config = _LaunchConfig(grid=(ctypes.c_uint32 * 3)(*launch.grid), block=(ctypes.c_uint32 * 3)(launch.block, 1, 1),
+                           shared_mem=launch.dynamic_smem, stream=stream.ptr, attrs=ctypes.pointer(attribute),
+                           num_attrs=1)
+    result = _launch_kernel_ex()(ctypes.byref(config), function.kernel.ptr, params, None)
+    if result != 0:
+        raise RuntimeError(f"cuLaunchKernelEx of {launch.function} failed: CUresult {result}")

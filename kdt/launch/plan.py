@@ -84,6 +84,9 @@ class KernelLaunch:
     blocks_per_sm: int = 1            # blocks the plan needs resident on one multiprocessor together (its waves
                                       # count on them; kdt.limits holds the arch's shared memory, threads and
                                       # registers to it)
+    overlaps_previous: bool = False   # programmatic dependent launch: its blocks may start while the launch before
+                                      # it in the stream ends; the kernel waits (griddepcontrol.wait) before it
+                                      # reads what that launch wrote
 
     @property
     def blocks(self) -> int:
@@ -114,7 +117,7 @@ class LaunchPlan:
         """One printable dict per launch."""
         return [{"function": k.function, "grid": "x".join(map(str, k.grid)), "block": k.block,
                  "cluster": k.cluster, "blocks/SM": k.blocks_per_sm, "dynamic smem B": k.dynamic_smem,
-                 "args": ", ".join(_describe(arg) for arg in k.args)} for k in self.launches]
+                 "overlaps previous": k.overlaps_previous, "args": ", ".join(_describe(arg) for arg in k.args)} for k in self.launches]
 
     def as_json(self) -> dict:
         return {"stage": self.stage, "path": self.path, "workspace_bytes": self.workspace_bytes,
@@ -122,7 +125,7 @@ class LaunchPlan:
                 "knobs": dataclasses.asdict(self.knobs) if self.knobs is not None else {},
                 "launches": [{"function": k.function, "grid": list(k.grid), "block": k.block, "cluster": k.cluster,
                               "blocks_per_sm": k.blocks_per_sm, "dynamic_smem": k.dynamic_smem,
-                              "args": [_describe(arg) for arg in k.args]}
+                              "overlaps_previous": k.overlaps_previous, "args": [_describe(arg) for arg in k.args]}
                              for k in self.launches]}
 
 

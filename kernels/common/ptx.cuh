@@ -11,6 +11,15 @@
 
 namespace kdt {
 
+// Programmatic dependent launch (sm_90 on). launch_dependents: this block no longer holds back the next launch in
+// the stream, where that one was made with programmatic stream serialization (a no-op otherwise). Its blocks may
+// then start before this launch ends, so they must wait_for_prior_launches() before reading what it writes.
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Waits until the launches this one depends on have completed and their writes are visible: at once where it was
+// not launched with programmatic stream serialization.
+__device__ __forceinline__ void wait_for_prior_launches() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // The shared-window address of a shared-memory object (what PTX's shared-state operands take).
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
