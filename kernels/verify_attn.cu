@@ -23,8 +23,9 @@
 //            ROWS = 64: 230912 B on sm_90 / sm_100 (Q 72 KB + 2 key tiles of 64 tokens + P 8 KB + row stats),
 //            230952 B on sm_90a (+ 5 mbarriers); ROWS = 32 on sm_120: 92832 B (a ring of 4 key tiles of 16 tokens +
 //            the S exchange 16 KB + P 2 KB + row stats + 4 mbarriers; Q in registers).
-//   combine: grid (ceil(N*H/2), G), block 256 (4 warps per row), no smem; by programmatic dependent launch, so
-//            its blocks start while the main kernel ends and wait (griddepcontrol) before reading its partials.
+//   combine: grid (ceil(N*H/2), G), block 256 (4 warps per row), no smem. Where the main kernel leaves half the
+//            SMs idle, a programmatic dependent launch (the plan's overlaps_previous): its blocks start there while
+//            the main kernel runs, and wait (griddepcontrol.wait) before reading the partials.
 //   num_splits comes from shapes only (graph capturable); the workspace carries nothing between launches.
 //
 // Memory traffic

@@ -117,7 +117,8 @@ class LaunchPlan:
         """One printable dict per launch."""
         return [{"function": k.function, "grid": "x".join(map(str, k.grid)), "block": k.block,
                  "cluster": k.cluster, "blocks/SM": k.blocks_per_sm, "dynamic smem B": k.dynamic_smem,
-                 "overlaps previous": k.overlaps_previous, "args": ", ".join(_describe(arg) for arg in k.args)} for k in self.launches]
+                 "overlaps previous": k.overlaps_previous, "args": ", ".join(_describe(arg) for arg in k.args)}
+                for k in self.launches]
 
     def as_json(self) -> dict:
         return {"stage": self.stage, "path": self.path, "workspace_bytes": self.workspace_bytes,

@@ -8,7 +8,9 @@ Split (flash-decoding): when G * ceil(N*H/rows) CTAs cannot fill the GPU, the ke
 over `splits` CTAs (grid z) that write normalised partials and their lse to the workspace, and the combine kernel
 merges them. `splits` is a function of the shapes and the multiprocessor count only (the per-split tile ranges
 follow the actual prefix_len on the device). The workspace carries nothing between launches: the combine reads
-only words the same launch's main kernel wrote.
+only words the same launch's main kernel wrote. Where the main kernel leaves half the SMs or more idle, the
+combine is a programmatic dependent launch (`overlaps_previous`): its blocks start on the idle SMs and wait on the
+device for the partials.
 """
 
 from __future__ import annotations
