@@ -164,14 +164,20 @@ def test_verify_attn_splits_fill_the_gpu_from_shapes_alone(targets):
     small = plan(8, 8, 8, 131072)
     assert small.fact("splits") == 16 and [k.function for k in small.launches][-1] == "kdt_verify_attn_combine"
     assert small.workspace_bytes == 16 * 8 * 1 * 64 * 513 * 4
-    assert plan(1, 8, 8, 1024, min_ctas=0).fact("splits") == 4     # capped by 4 tiles (pages) per split
-    assert plan(1, 8, 8, 1024).fact("splits") == 16                 # one tile a split rather than 4 CTAs
-    assert plan(4, 8, 8, 1024).fact("splits") == 16                 # 4 x 16 = min_ctas
-    assert plan(1, 8, 8, 8192).fact("splits") == 32                 # 4 tiles a split, and fill_splits
-    assert plan(1, 8, 8, 8192, fill_splits=64).fact("splits") == 64  # two tiles a split: 64 CTAs
-    assert plan(1, 8, 64, 1024).fact("splits") == 8                 # 8 query tiles x 8 = min_ctas
-    assert plan(1, 8, 8, 1024, min_tiles_per_split=1).fact("splits") == 16
-    assert plan(1, 8, 8, 1024, arch="sm_120").fact("splits") == 32  # 16-key tiles: 4 tiles is one page
+    # 1024 prefix tokens and the tree's 8 keys: 17 key tiles of 64
+    assert plan(1, 8, 8, 1024, min_ctas=0).fact("splits") == 5     # 4 tiles (pages) a split
+    assert plan(1, 8, 8, 1024).fact("splits") == 17                 # one tile a split rather than 5 CTAs
+    assert plan(4, 8, 8, 1024).fact("splits") == 9                  # 2 tiles a split: 4 x 16 >= min_ctas
+    assert plan(1, 8, 8, 8192).fact("splits") == 33                 # 4 tiles a split (129 tiles)
+    assert plan(1, 8, 8, 8192, fill_splits=64).fact("splits") == 43  # 3 tiles a split: 64 CTAs asked for
+    assert plan(1, 8, 64, 1024).fact("splits") == 6                 # 8 query tiles: 3 tiles a split
+    assert plan(1, 8, 8, 1024, min_tiles_per_split=1).fact("splits") == 17
+    assert plan(1, 8, 8, 1024, arch="sm_120").fact("splits") == 22  # 65 tiles of 16 keys, 3 a split
+    # the kernel gives split s the tiles [s * per, (s + 1) * per), per = ceil(tiles / splits): no split is empty
+    for groups, slots, prefix in ((1, 8, 1024), (1, 16, 8192), (4, 8, 8192), (1, 8, 32768), (16, 8, 8192)):
+        tiles = prefix // 64 + (slots + 63) // 64
+        splits = plan(groups, 8, slots, prefix).fact("splits")
+        assert (splits - 1) * -(-tiles // splits) < tiles, (groups, slots, prefix, splits)
     assert plan(8, 8, 8, 131072, sms=70).fact("splits") == 8       # an RTX 5070 Ti's 70 SMs
     assert plan(8, 8, 8, 131072, splits=1).workspace_bytes == 0
     # the combine starts by programmatic dependent launch where the main kernel leaves half the SMs idle (it waits

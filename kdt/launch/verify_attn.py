@@ -42,17 +42,20 @@ class Knobs:
 
 
 def num_splits(groups: int, slots: int, heads: int, max_pages: int, target: Target, knobs: Knobs) -> int:
-    """Splits per (request, query tile): enough CTAs for one wave, each holding at least min_tiles_per_split key
-    tiles of the largest possible prefix (the block table's width), or one tile where fewer would leave the
-    launch under min_ctas CTAs (up to fill_splits of them)."""
+    """Splits per (request, query tile) of its key tiles: the prefix's at the block table's width, then the
+    tree's (the kernel's order). Each split holds `per` tiles, min_tiles_per_split or fewer (down to one) where
+    that is what it takes for min_ctas CTAs (up to fill_splits splits asked for that way), never so few that the
+    splits need a second wave; and no split is left without a tile (splits = ceil(tiles / per))."""
     base = groups * cdiv(slots * heads, target.constant("kdt_verify_attn_rows"))
     if knobs.splits is not None:
         return max(1, knobs.splits)
     if base == 0 or base >= target.multiprocessors:
         return 1
-    tiles = max_pages * target.constant("kdt_verify_attn_page") // target.constant("kdt_verify_attn_kv_tile")
-    wanted = max(tiles // knobs.min_tiles_per_split, min(tiles, cdiv(knobs.min_ctas, base), knobs.fill_splits))
-    return max(1, min(target.multiprocessors // base, wanted))
+    kv_tile = target.constant("kdt_verify_attn_kv_tile")
+    tiles = max_pages * target.constant("kdt_verify_attn_page") // kv_tile + cdiv(slots, kv_tile)
+    for_min_ctas = cdiv(tiles, min(cdiv(knobs.min_ctas, base), knobs.fill_splits)) if knobs.min_ctas else tiles
+    per = max(min(knobs.min_tiles_per_split, for_min_ctas), cdiv(tiles, target.multiprocessors // base), 1)
+    return cdiv(tiles, per)
 
 
 def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knobs) -> LaunchPlan:
