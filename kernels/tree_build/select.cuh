@@ -337,6 +337,69 @@ __device__ __forceinline__ int select_list_level(const uint32_t* key, int node_l
     return listed;
 }
 
+// Phase 2 up to kSelectNarrowFanout (two-pass layout): the paths with bin >= bstar, level by level, each level
+// contiguous, each node's children contiguous in rank order. Node-major over the block: a pass looks at
+// kSelectItems * kThreads / group nodes, this thread's candidate `rank` of each.
+__device__ __forceinline__ void select_materialise_narrow(const SelectLogProbs& lps, int K, int cap, int bstar,
+                                                          int group, int rank, uint32_t lanes_below, uint32_t* key,
+                                                          uint32_t* link, int* wsum) {
+    const int tid = (int)threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int V = lps.fanout;
+    const int nodes_per_item = kThreads / group;
+    const int node_in_pass = tid / group;
+    const int nodes_per_pass = kSelectItems * nodes_per_item;
+    int pass = 0;
+    int lo = -1, hi = 0;
+    for (int d = 0; d < K && hi > lo; ++d) {
+        const float lp = (rank < V) ? lps.staged_at(d, rank) : -INFINITY;
+        int at = hi;
+        for (int base = lo; base < hi; base += nodes_per_pass, ++pass) {
+            float x[kSelectItems];
+            uint32_t votes[kSelectItems];
+            int* const counts = wsum + (pass & 1) * kWarps * kSelectItems;
+            uint32_t raw[kSelectItems];
+#pragma unroll
+            for (int k = 0; k < kSelectItems; ++k) {   // clamped into this level, as in phase 1
+                const int i = min(max(base + k * nodes_per_item + node_in_pass, lo), hi - 1);
+                raw[k] = (i < 0) ? 0u : key[i];
+            }
+#pragma unroll
+            for (int k = 0; k < kSelectItems; ++k) {
+                const int i = base + k * nodes_per_item + node_in_pass;
+                const float c = __fadd_rn(i < 0 ? 0.0f : key_score(raw[k]), lp);
+                const bool ok = i < hi && c > -INFINITY && score_bin(c) >= bstar;
+                x[k] = ok ? c : -INFINITY;
+                votes[k] = __ballot_sync(kFull, ok);
+            }
+            int item_count = 0;     // lane k < kSelectItems: this warp's count of item k
+#pragma unroll
+            for (int k = 0; k < kSelectItems; ++k) item_count = (lane == k) ? __popc(votes[k]) : item_count;
+            if (lane < kSelectItems) counts[lane * kWarps + warp] = item_count;
+            __syncthreads();
+            // Entries in node order: item k of every warp (warps in order) before item k + 1. counts holds one
+            // (item, warp) count per lane in that order, so one warp scan gives every offset.
+            const int c = counts[lane];
+            const int incl = kdt::warp_inclusive_scan(c);
+            const int total = __shfl_sync(kFull, incl, 31);
+#pragma unroll
+            for (int k = 0; k < kSelectItems; ++k) {
+                const int e = at + __shfl_sync(kFull, incl - c, k * kWarps + warp) + __popc(votes[k] & lanes_below);
+                if ((votes[k] & (1u << lane)) && e < cap) {
+                    const int i = base + k * nodes_per_item + node_in_pass;
+                    key[e] = score_key(x[k]);
+                    link[e] = ((uint32_t)(i + 1) << 16) | ((uint32_t)rank << 6) | (uint32_t)d;
+                }
+            }
+            at += total;
+        }
+        __syncthreads();
+        lo = hi;
+        hi = min(at, cap);
+    }
+}
+
 // Phase 2 above kSelectNarrowFanout (two-pass layout): the paths with bin >= bstar, level by level, each level
 // contiguous after the one before, laid out as phase 1 lays them (off: a level's node offsets, cap ints).
 __device__ __forceinline__ void select_materialise_wide(const SelectLogProbs& lps, int K, int cap, int bstar,
@@ -554,66 +617,9 @@ __device__ __noinline__ bool select_build(const SelectLogProbs lps, int K, int B
     if (ranked > cap3) return false;
 
     if constexpr (!kKeep) {
-        // Phase 2: materialise the paths with bin >= bstar level by level, in a stable order: each level is
-        // contiguous, each node's children are contiguous in rank order. Node-major over the block: a pass
-        // looks at kSelectItems * kThreads / group nodes.
-        const int warp = tid >> 5;
-        if constexpr (kWide) {
-            select_materialise_wide(lps, K, cap, bstar, key, link, slot_of, wsum);
-        } else {
-            const int nodes_per_item = kThreads / group;
-            const int node_in_pass = tid / group;
-            const int nodes_per_pass = kSelectItems * nodes_per_item;
-            int pass = 0;
-            int lo = -1, hi = 0;
-            for (int d = 0; d < K && hi > lo; ++d) {
-                const float lp = (rank < V) ? lps.staged_at(d, rank) : -INFINITY;
-                int at = hi;
-                for (int base = lo; base < hi; base += nodes_per_pass, ++pass) {
-                    float x[kSelectItems];
-                    uint32_t votes[kSelectItems];
-                    int* const counts = wsum + (pass & 1) * kWarps * kSelectItems;
-                    uint32_t raw[kSelectItems];
-    #pragma unroll
-                    for (int k = 0; k < kSelectItems; ++k) {   // clamped into this level, as in phase 1
-                        const int i = min(max(base + k * nodes_per_item + node_in_pass, lo), hi - 1);
-                        raw[k] = (i < 0) ? 0u : key[i];
-                    }
-    #pragma unroll
-                    for (int k = 0; k < kSelectItems; ++k) {
-                        const int i = base + k * nodes_per_item + node_in_pass;
-                        const float c = __fadd_rn(i < 0 ? 0.0f : key_score(raw[k]), lp);
-                        const bool ok = i < hi && c > -INFINITY && score_bin(c) >= bstar;
-                        x[k] = ok ? c : -INFINITY;
-                        votes[k] = __ballot_sync(kFull, ok);
-                    }
-                    int item_count = 0;     // lane k < kSelectItems: this warp's count of item k
-    #pragma unroll
-                    for (int k = 0; k < kSelectItems; ++k) item_count = (lane == k) ? __popc(votes[k]) : item_count;
-                    if (lane < kSelectItems) counts[lane * kWarps + warp] = item_count;
-                    __syncthreads();
-                    // Entries in node order: item k of every warp (warps in order) before item k + 1. counts holds
-                    // one (item, warp) count per lane in that order, so one warp scan gives every offset.
-                    const int c = counts[lane];
-                    const int incl = kdt::warp_inclusive_scan(c);
-                    const int total = __shfl_sync(kFull, incl, 31);
-    #pragma unroll
-                    for (int k = 0; k < kSelectItems; ++k) {
-                        const int e = at + __shfl_sync(kFull, incl - c, k * kWarps + warp) +
-                                      __popc(votes[k] & lanes_below);
-                        if ((votes[k] & (1u << lane)) && e < cap) {
-                            const int i = base + k * nodes_per_item + node_in_pass;
-                            key[e] = score_key(x[k]);
-                            link[e] = ((uint32_t)(i + 1) << 16) | ((uint32_t)rank << 6) | (uint32_t)d;
-                        }
-                    }
-                    at += total;
-                }
-                __syncthreads();
-                lo = hi;
-                hi = min(at, cap);
-            }
-        }
+        // Phase 2: materialise the paths with bin >= bstar level by level, in a stable order.
+        if constexpr (kWide) select_materialise_wide(lps, K, cap, bstar, key, link, slot_of, wsum);
+        else select_materialise_narrow(lps, K, cap, bstar, group, rank, lanes_below, key, link, wsum);
     }
 
     // Phase 3: the position of every entry with bin >= bstar in the best-first order: the ranked entries in
