@@ -23,9 +23,10 @@
 //            ROWS = 64: 230912 B on sm_90 / sm_100 (Q 72 KB + 2 key tiles of 64 tokens + P 8 KB + row stats),
 //            230952 B on sm_90a (+ 5 mbarriers); ROWS = 32 on sm_120: 92832 B (a ring of 4 key tiles of 16 tokens +
 //            the S exchange 16 KB + P 2 KB + row stats + 4 mbarriers; Q in registers).
-//   combine: grid (ceil(N*H/2), G), block 256 (4 warps per row), no smem. Where the main kernel leaves half the
-//            SMs idle, a programmatic dependent launch (the plan's overlaps_previous): its blocks start there while
-//            the main kernel runs, and wait (griddepcontrol.wait) before reading the partials.
+//   combine: grid (N*H, G), block 128 x groups (1-4 groups of 4 warps on one row, one group per 8 splits),
+//            6 KB of static smem. Where the main kernel leaves half the SMs idle, a programmatic dependent launch
+//            (the plan's overlaps_previous): its blocks start there while the main kernel runs, and wait
+//            (griddepcontrol.wait) before reading the partials.
 //   num_splits comes from shapes only (graph capturable); the workspace carries nothing between launches.
 //
 // Memory traffic
@@ -56,8 +57,9 @@ extern "C" __constant__ int kdt_verify_attn_smem_bytes = va::SMEM_BYTES;
 extern "C" __constant__ int kdt_verify_attn_dqk = va::DQK;
 extern "C" __constant__ int kdt_verify_attn_dv = va::DV;
 extern "C" __constant__ int kdt_verify_attn_page = va::PAGE;
-extern "C" __constant__ int kdt_verify_attn_combine_threads = va::COMBINE_THREADS;
-extern "C" __constant__ int kdt_verify_attn_combine_rows = va::COMBINE_ROWS;
+extern "C" __constant__ int kdt_verify_attn_combine_group_threads = va::COMBINE_GROUP_THREADS;
+extern "C" __constant__ int kdt_verify_attn_combine_max_groups = va::COMBINE_MAX_GROUPS;
+extern "C" __constant__ int kdt_verify_attn_combine_unroll = va::COMBINE_UNROLL;
 // 1 when S = Q K^T and P V run on wgmma (a cubin built for sm_90a), else 0 (mma.sync); informational only: both
 // paths have the same entry points and launch shape.
 extern "C" __constant__ int kdt_verify_attn_wgmma = va::WGMMA ? 1 : 0;
@@ -85,24 +87,30 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
 #endif
 }
 
-// Split combine. grid (ceil(N*H/COMBINE_ROWS), G), block 256: COMBINE_WARPS_PER_ROW warps per query row, each
-// owning DV / COMBINE_WARPS_PER_ROW value columns (a float4 per lane). The split weights come first, so the loads
-// of the partial rows are independent and COMBINE_UNROLL of them are in flight per lane (the partials come from
-// L2). Every workspace word read here was written by this launch's main kernel (partial O only where its lse is
-// finite), so nothing needs zeroing afterwards. (The body stays in the kernel: as a helper it compiled differently
-// on sm_90 and on sm_120; plans/kernels/verify-attn.md, "SASS identity".)
-extern "C" __global__ void __launch_bounds__(va::COMBINE_THREADS)
+// Split combine. grid (N*H, G): one query row per block, in blockDim.x / COMBINE_GROUP_THREADS groups of
+// COMBINE_WARPS_PER_ROW warps (the plan gives a group to every COMBINE_UNROLL splits); a group's warp owns
+// DV / COMBINE_WARPS_PER_ROW value columns (a float4 per lane), and the groups take alternate batches of
+// COMBINE_UNROLL splits, so a row has groups * COMBINE_UNROLL partial loads in flight per lane position (the
+// partials come from L2: the loads' latency, not their bytes, bounds this kernel). The split weights come first,
+// so the loads are independent; the groups' sums meet in shared memory. Every workspace word read here was written
+// by this launch's main kernel (partial O only where its lse is finite), so nothing needs zeroing afterwards. (The
+// body stays in the kernel: as a helper it compiled differently on sm_90 and on sm_120;
+// plans/kernels/verify-attn.md, "SASS identity".)
+extern "C" __global__ void __launch_bounds__(va::COMBINE_GROUP_THREADS * va::COMBINE_MAX_GROUPS)
     kdt_verify_attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_lse,
                             const int* __restrict__ n_nodes, int G, int N, int H, int num_splits, int Rpad,
                             int out_bf16, void* __restrict__ out, float* __restrict__ lse) {
     using namespace va;
-    const int warp = threadIdx.x >> 5;
+    __shared__ float4 group_sum[COMBINE_MAX_GROUPS - 1][COMBINE_GROUP_THREADS];
     const int lane = threadIdx.x & 31;
     const int g = blockIdx.y;
-    const int r = blockIdx.x * COMBINE_ROWS + warp / COMBINE_WARPS_PER_ROW;
-    const int col = 4 * (lane + 32 * (warp % COMBINE_WARPS_PER_ROW));
+    const int r = blockIdx.x;
+    const int groups = blockDim.x / COMBINE_GROUP_THREADS;
+    const int group = threadIdx.x / COMBINE_GROUP_THREADS;
+    const int in_group = threadIdx.x % COMBINE_GROUP_THREADS;
+    const int col = 4 * in_group;
     const int R = N * H;
-    if (r >= R) return;
+    if (r >= R) return;                                           // the whole block
     kdt::wait_for_prior_launches();   // launched while the main kernel may still run (plan: overlaps_previous)
     const int active = min(max(n_nodes[g] + 1, 0), N) * H;
     const size_t split_stride = static_cast<size_t>(G) * Rpad;    // rows between two splits of one row
@@ -130,7 +138,7 @@ extern "C" __global__ void __launch_bounds__(va::COMBINE_THREADS)
                 const float ls = s_lane < num_splits ? row_lse[s_lane * split_stride] : NEG_INF;
                 const float w_lane = ls != NEG_INF ? expf(ls - mx) * inv_den : 0.f;
                 const int count = min(32, num_splits - s0);
-                for (int j0 = 0; j0 < count; j0 += COMBINE_UNROLL) {
+                for (int j0 = group * COMBINE_UNROLL; j0 < count; j0 += groups * COMBINE_UNROLL) {
                     float4 v[COMBINE_UNROLL];
 #pragma unroll
                     for (int u = 0; u < COMBINE_UNROLL; ++u)     // all loads first: COMBINE_UNROLL in flight
@@ -151,6 +159,18 @@ extern "C" __global__ void __launch_bounds__(va::COMBINE_THREADS)
             lse_out = mx + logf(den);
         }
     }
+    if (groups > 1) {                                             // the same for the whole block
+        if (group > 0) group_sum[group - 1][in_group] = acc;
+        __syncthreads();
+        if (group > 0) return;
+        for (int k = 0; k < groups - 1; ++k) {
+            const float4 other = group_sum[k][in_group];
+            acc.x += other.x;
+            acc.y += other.y;
+            acc.z += other.z;
+            acc.w += other.w;
+        }
+    }
     const size_t orow = static_cast<size_t>(g) * R + r;
     if (out_bf16) {
         uint2 v;
@@ -160,5 +180,5 @@ extern "C" __global__ void __launch_bounds__(va::COMBINE_THREADS)
     } else {
         *reinterpret_cast<float4*>(static_cast<float*>(out) + orow * DV + col) = acc;
     }
-    if (lane == 0 && warp % COMBINE_WARPS_PER_ROW == 0) lse[orow] = lse_out;
+    if (threadIdx.x == 0) lse[orow] = lse_out;
 }

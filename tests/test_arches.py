@@ -69,8 +69,9 @@ extern "C" __constant__ int kdt_verify_attn_smem_bytes = 150000;
 extern "C" __constant__ int kdt_verify_attn_dqk = 576;
 extern "C" __constant__ int kdt_verify_attn_dv = 512;
 extern "C" __constant__ int kdt_verify_attn_page = 64;
-extern "C" __constant__ int kdt_verify_attn_combine_threads = 256;
-extern "C" __constant__ int kdt_verify_attn_combine_rows = 2;
+extern "C" __constant__ int kdt_verify_attn_combine_group_threads = 128;
+extern "C" __constant__ int kdt_verify_attn_combine_max_groups = 4;
+extern "C" __constant__ int kdt_verify_attn_combine_unroll = 8;
 extern "C" __global__ void kdt_verify_attn_fwd(const void*, const void*, const int*, const int*, const void*,
                                                const unsigned*, const int*, int, int, int, int, int, float, int, int,
                                                float* out, float*, float*, float*) {

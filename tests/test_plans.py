@@ -182,6 +182,10 @@ def test_verify_attn_splits_fill_the_gpu_from_shapes_alone(targets):
     assert plan(8, 8, 8, 131072, splits=1).workspace_bytes == 0
     # the combine starts by programmatic dependent launch where the main kernel leaves half the SMs idle (it waits
     # for the partials on the device): 8 x 16 = 128 CTAs on 132 SMs do not, 16 do
+    # the combine: one row a block, a group of 4 warps per 8 splits (at most 4), all their loads in flight at once
+    assert small.launches[1].grid == (64, 8, 1) and small.launches[1].block == 256
+    assert plan(1, 8, 8, 1024).launches[1].block == 384 and plan(1, 8, 8, 32768).launches[1].block == 512
+    assert plan(1, 8, 64, 1024).launches[1].block == 128
     assert [k.overlaps_previous for k in small.launches] == [False, False]
     assert [k.overlaps_previous for k in plan(1, 8, 8, 1024).launches] == [False, True]
     assert [k.overlaps_previous for k in plan(1, 8, 8, 1024, overlap_combine=False).launches] == [False, False]

@@ -2,7 +2,8 @@
 
   kdt_verify_attn_fwd      grid (ceil(N*H/rows), G, splits), 256 threads, kdt_verify_attn_smem_bytes of dynamic smem
                            (rows = kdt_verify_attn_rows: 64, or 32 on the sm_120 configuration)
-  kdt_verify_attn_combine  grid (ceil(N*H/combine_rows), G), combine_threads threads; only when splits > 1
+  kdt_verify_attn_combine  grid (N*H, G), combine_group_threads threads a group, one group per combine_unroll splits
+                           (at most combine_max_groups); only when splits > 1
 
 Split (flash-decoding): when G * ceil(N*H/rows) CTAs cannot fill the GPU, the key tiles of each request are split
 over `splits` CTAs (grid z) that write normalised partials and their lse to the workspace, and the combine kernel
@@ -84,8 +85,9 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
                        c("smem_bytes"))
     launches = (fwd,)
     if splits > 1:
-        per_block = c("combine_rows")
-        launches += (KernelLaunch(COMBINE, (cdiv(slots * heads, per_block), groups, 1), c("combine_threads"),
+        # one row a block, a group of warps per combine_unroll splits: every group's loads are in flight at once
+        warp_groups = min(c("combine_max_groups"), cdiv(splits, c("combine_unroll")))
+        launches += (KernelLaunch(COMBINE, (slots * heads, groups, 1), c("combine_group_threads") * warp_groups,
                                   (part_o, part_lse, "n_nodes", np.int32(groups), np.int32(slots), np.int32(heads),
                                    np.int32(splits), np.int32(tiles * rows_per_cta), out_bf16, "out", "lse"),
                                   overlaps_previous=knobs.overlap_combine

@@ -118,10 +118,11 @@ constexpr int QREG_MBARS = 4;                           // mainloop_qreg: READY[
 constexpr int BAR_BYTES = WGMMA ? PIPE_MBARS * 8 : QREG ? QREG_MBARS * 8 : 0;  // mainloop_mma: none
 constexpr int SMEM_BYTES = OFF_BAR + BAR_BYTES;
 
-// ---- combine (kdt_verify_attn_combine)
-constexpr int COMBINE_THREADS = 256;
-constexpr int COMBINE_WARPS_PER_ROW = 4;                // each warp: DV / 4 value columns, a float4 per lane
-constexpr int COMBINE_ROWS = COMBINE_THREADS / 32 / COMBINE_WARPS_PER_ROW;   // output rows per block
+// ---- combine (kdt_verify_attn_combine): one row per block, in 1..COMBINE_MAX_GROUPS groups of warps (the plan's
+// choice, one group per COMBINE_UNROLL splits), each group covering the row and taking its own batches of splits
+constexpr int COMBINE_WARPS_PER_ROW = 4;                // a group: DV / 4 columns a warp, a float4 a lane
+constexpr int COMBINE_GROUP_THREADS = 32 * COMBINE_WARPS_PER_ROW;
+constexpr int COMBINE_MAX_GROUPS = 4;
 constexpr int COMBINE_UNROLL = 8;                       // partial-row loads in flight per lane
 
 constexpr float NEG_INF = -__builtin_huge_valf();
@@ -141,7 +142,7 @@ static_assert(!WGMMA || (ROWS == 64 && KV_T == 64 && WARPS == 8 && OFF_KV % 1024
 static_assert(!WGMMA || (PV_WG_N == 256 && O_NT * 8 == PV_WG_N && BLK == 8192 && TROW == 128),
               "wgmma P V: two warpgroups x m64n256, P = one 64 x 128 B swizzle block, V = 64-column blocks");
 static_assert(DV == 4 * 32 * COMBINE_WARPS_PER_ROW, "combine: a float4 per lane covers the value row");
-static_assert(COMBINE_THREADS % (32 * COMBINE_WARPS_PER_ROW) == 0, "combine: whole rows per block");
+static_assert(COMBINE_GROUP_THREADS * COMBINE_MAX_GROUPS <= 1024, "combine: a block of at most 1024 threads");
 static_assert(DV_W % 64 == 0 && PV_NP % 4 == 0, "PV warp = whole 64-column blocks of V");
 static_assert(O_NT == 32, "O = 128 fp32 registers per PV thread");
 static_assert(!SPLIT_D || (ROWS == 64 && TW == 32 && WARPS == 8), "split-D S warps cover 64 rows x 64 keys");
