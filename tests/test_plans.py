@@ -165,11 +165,12 @@ def test_verify_attn_splits_fill_the_gpu_from_shapes_alone(targets):
     assert small.fact("splits") == 16 and [k.function for k in small.launches][-1] == "kdt_verify_attn_combine"
     assert small.workspace_bytes == 16 * 8 * 1 * 64 * 513 * 4
     # 1024 prefix tokens and the tree's 8 keys: 17 key tiles of 64
-    assert plan(1, 8, 8, 1024, min_ctas=0).fact("splits") == 5     # 4 tiles (pages) a split
-    assert plan(1, 8, 8, 1024).fact("splits") == 17                 # one tile a split rather than 5 CTAs
+    assert plan(1, 8, 8, 1024, min_ctas=0).fact("splits") == 6     # 3 tiles (pages) a split
+    assert plan(1, 8, 8, 1024).fact("splits") == 17                 # one tile a split rather than 6 CTAs
+    assert plan(1, 8, 8, 1024, fill_splits=4).fact("splits") == 6   # min_ctas may ask for 4 splits at most
     assert plan(4, 8, 8, 1024).fact("splits") == 9                  # 2 tiles a split: 4 x 16 >= min_ctas
-    assert plan(1, 8, 8, 8192).fact("splits") == 33                 # 4 tiles a split (129 tiles)
-    assert plan(1, 8, 8, 8192, fill_splits=64).fact("splits") == 43  # 3 tiles a split: 64 CTAs asked for
+    assert plan(1, 8, 8, 8192).fact("splits") == 43                 # 3 tiles a split (129 tiles)
+    assert plan(1, 8, 8, 8192, min_tiles_per_split=4).fact("splits") == 33
     assert plan(1, 8, 64, 1024).fact("splits") == 6                 # 8 query tiles: 3 tiles a split
     assert plan(1, 8, 8, 1024, min_tiles_per_split=1).fact("splits") == 17
     assert plan(1, 8, 8, 1024, arch="sm_120").fact("splits") == 22  # 65 tiles of 16 keys, 3 a split

@@ -29,9 +29,9 @@ COMBINE = "kdt_verify_attn_combine"
 
 @dataclass(frozen=True)
 class Knobs:
-    min_tiles_per_split: int = knob(4, "a split streams at least this many key tiles of kdt_verify_attn_kv_tile "
-                                       "keys (4 pages on sm_90a, 1 on the sm_120 configuration): it amortises "
-                                       "its Q load and its partial write")
+    min_tiles_per_split: int = knob(3, "a split streams at least this many key tiles of kdt_verify_attn_kv_tile "
+                                       "keys (3 pages on sm_90a, 48 keys on the sm_120 configuration): it "
+                                       "amortises its Q load and its partial write")
     splits: int | None = knob(None, "key-tile splits per (request, query tile); None: enough CTAs for one wave")
     min_ctas: int = knob(64, "splits may hold fewer than min_tiles_per_split tiles (down to one) where that is "
                              "what it takes for this many CTAs: a short prefix at G = 1 would run 4 CTAs")
