@@ -34,7 +34,7 @@ class Knobs:
                                        "amortises its Q load and its partial write")
     splits: int | None = knob(None, "key-tile splits per (request, query tile); None: enough CTAs for one wave")
     min_ctas: int = knob(64, "splits may hold fewer than min_tiles_per_split tiles (down to one) where that is "
-                             "what it takes for this many CTAs: a short prefix at G = 1 would run 4 CTAs")
+                             "what it takes for this many CTAs: a short prefix at G = 1 would run 6 CTAs")
     overlap_combine: bool = knob(True, "launch the combine by programmatic dependent launch where the main "
                                        "kernel leaves half the SMs or more idle: its blocks start there while the "
                                        "main kernel runs (on a fuller GPU it measured up to 1.19x slower)")
