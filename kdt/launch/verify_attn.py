@@ -55,7 +55,7 @@ def num_splits(groups: int, slots: int, heads: int, max_pages: int, target: Targ
     kv_tile = target.constant("kdt_verify_attn_kv_tile")
     tiles = max_pages * target.constant("kdt_verify_attn_page") // kv_tile + cdiv(slots, kv_tile)
     for_min_ctas = cdiv(tiles, min(cdiv(knobs.min_ctas, base), knobs.fill_splits)) if knobs.min_ctas else tiles
-    per = max(min(knobs.min_tiles_per_split, for_min_ctas), cdiv(tiles, target.multiprocessors // base), 1)
+    per = max(min(knobs.min_tiles_per_split, for_min_ctas), cdiv(tiles, target.multiprocessors // base))
     return cdiv(tiles, per)
 
 
