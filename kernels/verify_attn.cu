@@ -16,10 +16,13 @@
 //                            smem (verify_attn/mainloop_mma.cuh); sm_120 (99 KB): mma.sync with Q in registers
 //                            (verify_attn/mainloop_qreg.cuh). num_splits > 1 (flash-decoding): split s takes key
 //                            tiles [s*per, (s+1)*per) and writes normalised partials to the workspace.
+//                            value_split = 2 (sm_90a): two CTAs share a query tile and split, each computing S and
+//                            writing value columns [256 h, +256) of it (h = blockIdx.x % 2).
 //   kdt_verify_attn_combine  merges the split partials through their lse (only when num_splits > 1).
 //
 // Launch shape
-//   fwd:     grid (ceil(N*H/ROWS), G, num_splits), block 256, 1 CTA per SM, dynamic smem kdt_verify_attn_smem_bytes:
+//   fwd:     grid (ceil(N*H/ROWS) * value_split, G, num_splits), block 256, 1 CTA per SM, dynamic smem
+//            kdt_verify_attn_smem_bytes:
 //            ROWS = 64: 230912 B on sm_90 / sm_100 (Q 72 KB + 2 key tiles of 64 tokens + P 8 KB + row stats),
 //            230952 B on sm_90a (+ 5 mbarriers); ROWS = 32 on sm_120: 92832 B (a ring of 4 key tiles of 16 tokens +
 //            the S exchange 16 KB + P 2 KB + row stats + 4 mbarriers; Q in registers).
@@ -60,22 +63,25 @@ extern "C" __constant__ int kdt_verify_attn_page = va::PAGE;
 extern "C" __constant__ int kdt_verify_attn_combine_group_threads = va::COMBINE_GROUP_THREADS;
 extern "C" __constant__ int kdt_verify_attn_combine_max_groups = va::COMBINE_MAX_GROUPS;
 extern "C" __constant__ int kdt_verify_attn_combine_unroll = va::COMBINE_UNROLL;
+// the most CTAs that may share a query tile by value columns (the fwd's value_split): 2 on sm_90a, else 1
+extern "C" __constant__ int kdt_verify_attn_value_split_max = va::VALUE_SPLIT_MAX;
 // 1 when S = Q K^T and P V run on wgmma (a cubin built for sm_90a), else 0 (mma.sync); informational only: both
 // paths have the same entry points and launch shape.
 extern "C" __constant__ int kdt_verify_attn_wgmma = va::WGMMA ? 1 : 0;
 
 // num_splits == 1: writes out / lse. num_splits > 1: writes part_o [S][G][Rpad][512] (normalised) and
-// part_lse [S][G][Rpad] (natural log, -inf = no contribution), Rpad = gridDim.x * ROWS.
+// part_lse [S][G][Rpad] (natural log, -inf = no contribution), Rpad = query tiles * ROWS = gridDim.x / value_split *
+// ROWS.
 extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
     kdt_verify_attn_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ kv_cache,
                         const int* __restrict__ block_table, const int* __restrict__ prefix_len,
                         const uint16_t* __restrict__ kv_tree, const uint32_t* __restrict__ mask,
                         const int* __restrict__ n_nodes, int G, int N, int H, int max_pages, int W,
-                        float scale_log2e, int num_splits, int out_bf16, void* __restrict__ out,
+                        float scale_log2e, int num_splits, int value_split, int out_bf16, void* __restrict__ out,
                         float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse) {
     extern __shared__ __align__(1024) unsigned char smem[];  // 1 KB: wgmma swizzle atoms
     const va::FwdParams p{q, kv_cache, block_table, prefix_len, kv_tree, mask, n_nodes, G, N, H, max_pages, W,
-                          scale_log2e, num_splits, out_bf16, out, lse, part_o, part_lse};
+                          scale_log2e, num_splits, value_split, out_bf16, out, lse, part_o, part_lse};
     const int tid = threadIdx.x;  // read here: only the kernel's own read carries its launch bounds
     kdt::launch_dependents();     // the combine's blocks may start now, on the SMs this launch leaves idle
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -1,7 +1,7 @@
 """Launch plan for `kernels/verify_attn.cu` (stage `verify-attn`): MLA tree-verify attention over a paged prefix.
 
-  kdt_verify_attn_fwd      grid (ceil(N*H/rows), G, splits), 256 threads, kdt_verify_attn_smem_bytes of dynamic smem
-                           (rows = kdt_verify_attn_rows: 64, or 32 on the sm_120 configuration)
+  kdt_verify_attn_fwd      grid (ceil(N*H/rows) * value_split, G, splits), 256 threads, kdt_verify_attn_smem_bytes of
+                           dynamic smem (rows = kdt_verify_attn_rows: 64, or 32 on the sm_120 configuration)
   kdt_verify_attn_combine  grid (N*H, G), combine_group_threads threads a group, one group per combine_unroll splits
                            (at most combine_max_groups); only when splits > 1
 
@@ -12,6 +12,10 @@ follow the actual prefix_len on the device). The workspace carries nothing betwe
 only words the same launch's main kernel wrote. Where the main kernel leaves half the SMs or more idle, the
 combine is a programmatic dependent launch (`overlaps_previous`): its blocks start on the idle SMs and wait on the
 device for the partials.
+
+Value split (sm_90a, kdt_verify_attn_value_split_max = 2): where even the doubled grid leaves SMs idle, two CTAs
+share each query tile and split, each computing S and writing half the value columns: half the partial bytes and
+half the P V a CTA, which is what a split of one or a few key tiles spends its time on.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ class Knobs:
                                        "main kernel runs (on a fuller GPU it measured up to 1.19x slower)")
     fill_splits: int = knob(32, "the most splits min_ctas may ask for: past 32 a split's share of the combine "
                                 "costs more than the shorter mainloop gains")
+    split_values: float = knob(1.0, "split each query tile's value columns over two CTAs (sm_90a) where the "
+                                    "doubled grid fills at most this fraction of the SMs; 0: never")
 
 
 def num_splits(groups: int, slots: int, heads: int, max_pages: int, target: Target, knobs: Knobs) -> int:
@@ -59,6 +65,13 @@ def num_splits(groups: int, slots: int, heads: int, max_pages: int, target: Targ
     return cdiv(tiles, per)
 
 
+def value_split(ctas: int, target: Target, knobs: Knobs) -> int:
+    """CTAs sharing each (query tile, split) by value columns: the build's most (2 on sm_90a, else 1) where the
+    grid of `ctas` CTAs that many times over fills at most split_values of the SMs, else 1."""
+    most = target.constant("kdt_verify_attn_value_split_max")
+    return most if most > 1 and ctas * most <= knobs.split_values * target.multiprocessors else 1
+
+
 def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knobs) -> LaunchPlan:
     groups, slots, heads, _ = inputs["q"].shape
     max_pages = inputs["block_table"].shape[1]
@@ -69,6 +82,7 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     rows_per_cta = c("rows")
     tiles = cdiv(slots * heads, rows_per_cta)
     splits = num_splits(groups, slots, heads, max_pages, target, knobs)
+    values = value_split(groups * tiles * splits, target, knobs)
     out_bf16 = np.int32(1 if params.get("out_dtype", "float32") == "bfloat16" else 0)
     scale_log2 = np.float32(float(params["softmax_scale"]) * LOG2E)
     if splits > 1:
@@ -78,10 +92,10 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     else:
         part_o = part_lse = NULL      # not touched when splits == 1
         workspace = 0
-    fwd = KernelLaunch(FWD, (tiles, groups, splits), c("threads"),
+    fwd = KernelLaunch(FWD, (tiles * values, groups, splits), c("threads"),
                        ("q", "kv_cache", "block_table", "prefix_len", "kv_tree", "mask", "n_nodes",
                         np.int32(groups), np.int32(slots), np.int32(heads), np.int32(max_pages), np.int32(words),
-                        scale_log2, np.int32(splits), out_bf16, "out", "lse", part_o, part_lse),
+                        scale_log2, np.int32(splits), np.int32(values), out_bf16, "out", "lse", part_o, part_lse),
                        c("smem_bytes"))
     launches = (fwd,)
     if splits > 1:
@@ -93,5 +107,6 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
                                   overlaps_previous=knobs.overlap_combine
                                   and fwd.blocks <= target.multiprocessors // 2),)
     path = "split prefix + combine" if splits > 1 else "one CTA per query tile"
-    return LaunchPlan("verify-attn", path, launches, workspace, (("query tiles", tiles), ("splits", splits)), knobs)
+    facts = (("query tiles", tiles), ("splits", splits), ("value split", values))
+    return LaunchPlan("verify-attn", path, launches, workspace, facts, knobs)
 

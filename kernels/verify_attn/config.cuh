@@ -79,6 +79,10 @@ constexpr int O_NT = MT * 2 * PV_NP;
 // ---- sm_90a pipeline (mainloop_wgmma.cuh; see the note's "sm_90a pipeline")
 constexpr int WG_THREADS = 128;               // one warpgroup
 constexpr int PV_WG_N = DV / 2;               // value columns per warpgroup (the n of m64n256k16)
+// Value split (the plan's value_split = 2, sm_90a only): two CTAs share a query tile and a split's key tiles; each
+// computes S and the softmax (WG0) and P V of one half of the value columns (WG1, PV_WG_N columns), so a CTA's
+// partial is half as wide and its P V runs under the next tile's S. The other paths take value_split = 1.
+constexpr int VALUE_SPLIT_MAX = WGMMA ? DV / PV_WG_N : 1;
 constexpr int PIPE_NT = KV_T / 8;             // n8 tiles of the m64n64 S fragment (all keys of a tile)
 constexpr int P_BLK = DQK / 64 - 1;           // P_k lives in column block 8 (rope, 64 x 128 B) of tile k
 // Handoffs between the warpgroups: shared-memory mbarriers (index into the OFF_BAR array of 8-byte words).

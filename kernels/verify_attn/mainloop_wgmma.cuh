@@ -2,8 +2,9 @@
 // wgmma pipeline. Warpgroup 0 computes S = Q K^T (m64n64: all keys of a tile over all of Dqk), the online softmax
 // and P V for value columns 0..255; warpgroup 1 loads the key tiles (cp.async) and computes P V for columns
 // 256..511. P_k lives in the rope column block of tile k's own buffer; the handoffs are shared-memory mbarriers
-// (config.cuh, MB_*). Compiled only for sm_90a. Schedule, mbarrier parities and their proofs:
-// plans/kernels/verify-attn.md, "sm_90a pipeline".
+// (config.cuh, MB_*). With value_split = 2 a CTA owns half the value columns: warpgroup 0 computes S and the
+// softmax only, warpgroup 1 P V of the CTA's 256 columns (under warpgroup 0's S of the next tile). Compiled only for
+// sm_90a. Schedule, mbarrier parities and their proofs: plans/kernels/verify-attn.md, "sm_90a pipeline".
 #pragma once
 
 #include <stdint.h>
@@ -104,6 +105,10 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
 
     const int gq = lane >> 2, cq = lane & 3;
     const int wg = warp >> 2;                     // 0: S + softmax + P V cols 0..255; 1: loads + P V 256..511
+    // value_split 2: WG0 S + softmax only, WG1 loads + P V of the CTA's columns 256 value_half..+255
+    const bool value_split = w.value_split > 1;
+    const bool does_pv = !value_split || wg == 1;
+    const int value_block = value_split ? w.value_half : wg;   // this warpgroup's 256 P V columns
     const int rowA = 16 * (warp & 3) + gq;        // D-fragment rows of this thread (S and P V alike)
     const int rowB = rowA + 8;
     const int grA = r0 + rowA, grB = r0 + rowB;
@@ -139,7 +144,7 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
     // P V of tile k for this warpgroup's 256 value columns (pv_wgmma below): A = P_k (column block P_BLK of the
-    // tile), B = V = column blocks 4wg..4wg+3 of the tile; retired by the same warpgroup (wgmma_retire).
+    // tile), B = V = column blocks 4 value_block..+3 of the tile; retired by the same warpgroup (wgmma_retire).
 
     if (wg == 0) {
         // ---- WG0: S = Q K^T (m64n64, all keys, all of Dqk), online softmax, P, its half of P V
@@ -202,12 +207,15 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
             fence_proxy_async();  // this thread's P stores (generic proxy) -> visible to P V wgmma (async)
             mbar_arrive(mb_pready);  // release: P_k and alpha_k (PREADY phase it)
 
-            rescale_rows(o, alA, alB);  // this warpgroup's previous P V has retired (wgmma_retire below)
-            pv_wgmma(o, tile + static_cast<uint32_t>(P_BLK * BLK),
-                     tile + static_cast<uint32_t>(wg * (PV_WG_N / 64) * BLK));
-            wgmma_retire(o);
+            if (does_pv) {
+                rescale_rows(o, alA, alB);  // this warpgroup's previous P V has retired (wgmma_retire below)
+                pv_wgmma(o, tile + static_cast<uint32_t>(P_BLK * BLK),
+                         tile + static_cast<uint32_t>(value_block * (PV_WG_N / 64) * BLK));
+                wgmma_retire(o);
+            }
             // WG1 refills this buffer with tile k+2 once both warpgroups' P V of tile k retired (release:
-            // also orders this thread's P_k stores before the cp.async overwrite of the rope block)
+            // also orders this thread's P_k stores before the cp.async overwrite of the rope block; with
+            // value_split WG1 alone reads V, and WG0 arrives for its P_k stores only)
             if (k + 2 < ke) mbar_arrive(sBar + 8 * (MB_EMPTY + (it & 1)));
         }
         // row sums -> 1 / l and lse (WG0 alone holds the running max and every tile's row sums)
@@ -233,7 +241,7 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
             // read alpha before the FULL arrive below: WG0 writes alpha_{k+1} only after its FULL wait
             rescale_rows(o, alpha_s[rowA], alpha_s[rowB]);
             pv_wgmma(o, tile + static_cast<uint32_t>(P_BLK * BLK),
-                     tile + static_cast<uint32_t>(wg * (PV_WG_N / 64) * BLK));
+                     tile + static_cast<uint32_t>(value_block * (PV_WG_N / 64) * BLK));
             if (k + 1 < ke) {
                 // tile k+1 (the only cp.async group in flight) -> visible to WG0's S wgmma; waited while
                 // this warpgroup's P V runs
@@ -257,18 +265,18 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
     }
     __syncthreads();  // invl_s (WG0) -> both warpgroups
 
-    // ---- store O / l: this thread's rows rowA / rowB, columns 256 wg + 8j + 2cq (+1)
+    // ---- store O / l: this thread's rows rowA / rowB, columns 256 value_block + 8j + 2cq (+1)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int row = half ? rowB : rowA;
         const int gr = r0 + row;
-        if (gr >= R) continue;
+        if (gr >= R || !does_pv) continue;
         const float inv = invl_s[row];
         const size_t obase = split_mode ? ((static_cast<size_t>(split) * G + g) * Rpad + gr) * DV
                                         : (static_cast<size_t>(g) * R + gr) * DV;
 #pragma unroll
         for (int j = 0; j < O_NT; ++j) {
-            const int col = PV_WG_N * wg + 8 * j + 2 * cq;
+            const int col = PV_WG_N * value_block + 8 * j + 2 * cq;
             // inv == 0 (row past n_nodes / no key): +0, never -0 (the contract's zero rows)
             const float v0 = inv != 0.f ? o[j][2 * half] * inv : 0.f;
             const float v1 = inv != 0.f ? o[j][2 * half + 1] * inv : 0.f;

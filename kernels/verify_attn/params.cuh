@@ -20,7 +20,9 @@ struct FwdParams {
     const int* n_nodes;                  // int32 [G]
     int G, N, H, max_pages, W;
     float scale_log2e;                   // softmax_scale * log2(e)
-    int num_splits, out_bf16;
+    int num_splits;
+    int value_split;                     // CTAs sharing a query tile by value columns (1, or 2 on sm_90a)
+    int out_bf16;
     void* out;                           // float32 or bf16 bits [G, N, H, DV]
     float* lse;                          // float32 [G, N, H]
     float* part_o;                       // num_splits > 1: float32 [S, G, Rpad, DV]
@@ -28,14 +30,16 @@ struct FwdParams {
 };
 
 // The CTA's share: query rows r0..r0+63 of request g (row r = slot * H + head, the memory order of q / out /
-// lse; rows r >= active are past n_nodes) and key tiles [kb, ke) of the request (prefix tiles first, then the
+// lse; rows r >= active are past n_nodes), key tiles [kb, ke) of the request (prefix tiles first, then the
 // tree's), the key-tile range of split `split`: per = ceil(tiles / num_splits) tiles from the request's own
-// prefix_len.
+// prefix_len; and value columns [value_half * DV / value_split, +DV / value_split) of out (grid x = query tiles x
+// value_split; value_split is 1 but on sm_90a).
 struct CtaWork {
     int g, split;
+    int value_split, value_half;         // value_half: which of the value_split column ranges this CTA writes
     int R;                               // query rows of the request (N * H)
     int r0;                              // first row of this CTA
-    int Rpad;                            // rows per request in the split workspace (gridDim.x * ROWS)
+    int Rpad;                            // rows per request in the split workspace (query tiles * ROWS)
     int active;                          // rows r < active are computed (slots 0..n_nodes)
     int plen;                            // prefix tokens of the request
     int n_pref;                          // prefix key tiles
@@ -47,8 +51,10 @@ __device__ __forceinline__ CtaWork cta_work(const FwdParams& p) {
     w.g = blockIdx.y;
     w.split = blockIdx.z;
     w.R = p.N * p.H;
-    w.r0 = blockIdx.x * ROWS;
-    w.Rpad = gridDim.x * ROWS;
+    w.value_split = VALUE_SPLIT_MAX > 1 ? p.value_split : 1;
+    w.value_half = static_cast<int>(blockIdx.x) % w.value_split;
+    w.r0 = static_cast<int>(blockIdx.x) / w.value_split * ROWS;
+    w.Rpad = static_cast<int>(gridDim.x) / w.value_split * ROWS;
     const int live = max(p.n_nodes[w.g] + 1, 0);
     w.active = min(live, p.N) * p.H;
     w.plen = p.prefix_len[w.g];
@@ -69,16 +75,22 @@ __device__ __forceinline__ CtaWork cta_work(const FwdParams& p) {
     if ((w).r0 >= (w).active || (w).kb >= (w).ke) {                                                          \
         if ((p).num_splits == 1) {                                                                           \
             const int nrows = min(ROWS, (w).R - (w).r0);                                                     \
-            const size_t base = (static_cast<size_t>((w).g) * (w).R + (w).r0) * DV;                          \
+            const int vcols = DV / (w).value_split;               /* this CTA's value columns */             \
+            const size_t base = (static_cast<size_t>((w).g) * (w).R + (w).r0) * DV + (w).value_half * vcols; \
             if ((p).out_bf16) {                                                                              \
-                uint4* o = reinterpret_cast<uint4*>(static_cast<uint16_t*>((p).out) + base);                 \
-                for (int i = (tid); i < nrows * (DV / 8); i += THREADS) o[i] = make_uint4(0u, 0u, 0u, 0u);   \
+                uint16_t* o = static_cast<uint16_t*>((p).out) + base;                                        \
+                for (int i = (tid); i < nrows * (vcols / 8); i += THREADS)                                   \
+                    *reinterpret_cast<uint4*>(o + (i / (vcols / 8)) * DV + 8 * (i % (vcols / 8))) =          \
+                        make_uint4(0u, 0u, 0u, 0u);                                                          \
             } else {                                                                                         \
-                float4* o = reinterpret_cast<float4*>(static_cast<float*>((p).out) + base);                  \
-                for (int i = (tid); i < nrows * (DV / 4); i += THREADS) o[i] = make_float4(0.f, 0.f, 0.f, 0.f); \
+                float* o = static_cast<float*>((p).out) + base;                                              \
+                for (int i = (tid); i < nrows * (vcols / 4); i += THREADS)                                   \
+                    *reinterpret_cast<float4*>(o + (i / (vcols / 4)) * DV + 4 * (i % (vcols / 4))) =         \
+                        make_float4(0.f, 0.f, 0.f, 0.f);                                                     \
             }                                                                                                \
-            if ((tid) < nrows) (p).lse[static_cast<size_t>((w).g) * (w).R + (w).r0 + (tid)] = NEG_INF;       \
-        } else if ((w).r0 < (w).active) {                                                                    \
+            if ((tid) < nrows && (w).value_half == 0)                                                        \
+                (p).lse[static_cast<size_t>((w).g) * (w).R + (w).r0 + (tid)] = NEG_INF;                      \
+        } else if ((w).r0 < (w).active && (w).value_half == 0) {                                             \
             if ((tid) < ROWS && (w).r0 + (tid) < (w).R)                                                      \
                 (p).part_lse[(static_cast<size_t>((w).split) * (p).G + (w).g) * (w).Rpad + (w).r0 + (tid)] = NEG_INF; \
         }                                                                                                    \

@@ -120,7 +120,7 @@ __device__ __forceinline__ void finish_row(const FwdParams& p, const CtaWork& w,
     const bool ok = act && L > 0.f;
     invl_s[row] = ok ? 1.f / L : 0.f;
     const float lse_v = ok ? (m + log2f(L)) * LN2 : NEG_INF;
-    if (gr < w.R) {
+    if (gr < w.R && w.value_half == 0) {  // with value_split, both CTAs of the tile hold the same lse
         if (split_mode)
             p.part_lse[(static_cast<size_t>(w.split) * p.G + w.g) * w.Rpad + gr] = lse_v;
         else
