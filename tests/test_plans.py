@@ -191,14 +191,15 @@ def test_verify_attn_splits_fill_the_gpu_from_shapes_alone(targets):
     assert [k.overlaps_previous for k in plan(1, 8, 8, 1024).launches] == [False, True]
     assert [k.overlaps_previous for k in plan(1, 8, 8, 1024, overlap_combine=False).launches] == [False, False]
     # value split (sm_90a only): two CTAs a query tile and split, each writing half the value columns, where the
-    # doubled grid fills at most split_values of the SMs: 17 splits x 2 = 34 CTAs of 132
+    # doubled grid fills at most split_values (1.0) of the SMs: 17 splits x 2 = 34 CTAs of 132
     assert plan(1, 8, 8, 1024).fact("value split") == 1                      # the mma.sync build: never
     one_tile = plan(1, 8, 8, 1024, arch="sm_90a")
     assert one_tile.fact("value split") == 2 and one_tile.launches[0].grid == (2, 1, 17)
     assert one_tile.launches[0].args[14] == 2 and one_tile.launches[0].args[13] == 17
     assert one_tile.workspace_bytes == plan(1, 8, 8, 1024).workspace_bytes   # the partials are as wide as before
-    assert plan(1, 8, 16, 1024, arch="sm_90a").fact("value split") == 1     # 2 x 17 x 2 = 68 CTAs > 66
-    assert plan(1, 8, 16, 1024, arch="sm_90a", split_values=1.0).fact("value split") == 2
+    assert plan(1, 8, 16, 1024, arch="sm_90a").fact("value split") == 2     # 2 x 17 x 2 = 68 CTAs <= 132
+    assert plan(1, 8, 16, 1024, arch="sm_90a", split_values=0.5).fact("value split") == 1   # 68 > 66
+    assert plan(1, 8, 16, 8192, arch="sm_90a").fact("value split") == 1     # 2 x 43 x 2 = 172 > 132
     assert plan(1, 8, 8, 1024, arch="sm_90a", split_values=0.0).fact("value split") == 1
     assert plan(1, 8, 8, 1024, arch="sm_90a", splits=1).launches[0].grid == (2, 1, 1)
 
