@@ -254,6 +254,14 @@ def test_knobs_parse_convert_and_name_the_bad_ones():
 
     assert make_knobs(tree_build.Knobs, {"select_min_budget": "auto"}).select_min_budget is None
     assert make_knobs(tree_build.Knobs, {"select_min_budget": 7}).select_min_budget == 7
+    from kdt.launch import verify_attn
+
+    assert make_knobs(verify_attn.Knobs, {"split_values": 0}).split_values == 0.0     # an int for a float knob
+    assert make_knobs(verify_attn.Knobs, {"split_values": "0.5"}).split_values == 0.5
+    with pytest.raises(BadInput, match="split_values"):
+        make_knobs(verify_attn.Knobs, {"split_values": True})
+    with pytest.raises(BadInput, match="min_chunk"):
+        make_knobs(topk_launcher.Knobs, {"min_chunk": 4.5})                       # but no float for an int one
     with pytest.raises(BadInput, match="min_chunk"):
         make_knobs(topk_launcher.Knobs, {"nope": 1})
     with pytest.raises(BadInput) as error:

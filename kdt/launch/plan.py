@@ -204,6 +204,8 @@ def _convert(hint, value, argument: str):
             return value
     if int in options and isinstance(value, np.integer):
         return int(value)
+    if float in options and isinstance(value, (int, np.integer, np.floating)) and not isinstance(value, bool):
+        return float(value)                     # a whole number where a fraction is asked for, as Python allows
     raise BadInput(argument, " or ".join(getattr(o, "__name__", str(o)) for o in options), value)
 
 
