@@ -106,9 +106,9 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
     const int gq = lane >> 2, cq = lane & 3;
     const int wg = warp >> 2;                     // 0: S + softmax + P V cols 0..255; 1: loads + P V 256..511
     // value_split 2: WG0 S + softmax only, WG1 loads + P V of the CTA's columns 256 value_half..+255
-    const bool value_split = w.value_split > 1;
-    const bool does_pv = !value_split || wg == 1;
-    const int value_block = value_split ? w.value_half : wg;   // this warpgroup's 256 P V columns
+    const bool halved = w.value_split > 1;
+    const bool does_pv = !halved || wg == 1;
+    const int value_block = halved ? w.value_half : wg;        // this warpgroup's 256 P V columns
     const int rowA = 16 * (warp & 3) + gq;        // D-fragment rows of this thread (S and P V alike)
     const int rowB = rowA + 8;
     const int grA = r0 + rowA, grB = r0 + rowB;
