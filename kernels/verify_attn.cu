@@ -97,12 +97,14 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
 // COMBINE_WARPS_PER_ROW warps (the plan gives a group to every COMBINE_UNROLL splits); a group's warp owns
 // DV / COMBINE_WARPS_PER_ROW value columns (a float4 per lane), and the groups take alternate batches of
 // COMBINE_UNROLL splits, so a row has groups * COMBINE_UNROLL partial loads in flight per lane position (the
-// partials come from L2: the loads' latency, not their bytes, bounds this kernel). The split weights come first,
-// so the loads are independent; the groups' sums meet in shared memory. Every workspace word read here was written
-// by this launch's main kernel (partial O only where its lse is finite), so nothing needs zeroing afterwards. (The
-// body stays in the kernel: as a helper it compiled differently on sm_90 and on sm_120;
-// plans/kernels/verify-attn.md, "SASS identity".)
-extern "C" __global__ void __launch_bounds__(va::COMBINE_GROUP_THREADS * va::COMBINE_MAX_GROUPS)
+// partials come from L2: the loads' latency, not their bytes, bounds this kernel). A row's reads after the wait for
+// the main kernel take one trip to L2 before the sums: the group's first batch goes out with the split lse, and
+// each later batch is loaded while the one before is summed; n_nodes (an input) is read before the wait. The
+// groups' sums meet in shared memory. Every workspace word read here was written by this launch's main kernel
+// (partial O only where its lse is finite), so nothing needs zeroing afterwards. Two blocks an SM (64 registers:
+// the batch ahead held 85). (The body stays in the kernel: as a helper it compiled differently on sm_90 and on
+// sm_120; plans/kernels/verify-attn.md, "SASS identity".)
+extern "C" __global__ void __launch_bounds__(va::COMBINE_GROUP_THREADS * va::COMBINE_MAX_GROUPS, 2)
     kdt_verify_attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_lse,
                             const int* __restrict__ n_nodes, int G, int N, int H, int num_splits, int Rpad,
                             int out_bf16, void* __restrict__ out, float* __restrict__ lse) {
@@ -117,13 +119,28 @@ extern "C" __global__ void __launch_bounds__(va::COMBINE_GROUP_THREADS * va::COM
     const int col = 4 * in_group;
     const int R = N * H;
     if (r >= R) return;                                           // the whole block
-    kdt::wait_for_prior_launches();   // launched while the main kernel may still run (plan: overlaps_previous)
+    // n_nodes is an input of the step, not written by the main kernel: read before the wait
     const int active = min(max(n_nodes[g] + 1, 0), N) * H;
     const size_t split_stride = static_cast<size_t>(G) * Rpad;    // rows between two splits of one row
     const float* row_lse = part_lse + static_cast<size_t>(g) * Rpad + r;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     float lse_out = NEG_INF;
     if (r < active) {
+        kdt::wait_for_prior_launches();  // launched while the main kernel may still run (plan: overlaps_previous)
+        const float4* src =
+            reinterpret_cast<const float4*>(part_o + (static_cast<size_t>(g) * Rpad + r) * DV + col);
+        const size_t src_stride = split_stride * (DV / 4);
+        // a group's batches of COMBINE_UNROLL partial rows, each loaded one batch ahead of its sums; the first with
+        // the split lse below, so one trip to L2 after the wait serves both (a split whose lse is -inf is still
+        // loaded, in bounds, and dropped by its zero weight)
+        float4 v[COMBINE_UNROLL];
+        const auto load_batch = [&](int s0, int j0) {
+            const int count = min(32, num_splits - s0);
+#pragma unroll
+            for (int u = 0; u < COMBINE_UNROLL; ++u)     // all loads first: COMBINE_UNROLL in flight
+                v[u] = j0 + u < count ? __ldcs(src + (s0 + j0 + u) * src_stride) : make_float4(0.f, 0.f, 0.f, 0.f);
+        };
+        load_batch(0, group * COMBINE_UNROLL);
         float mx = NEG_INF;
         for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, row_lse[s * split_stride]);
 #pragma unroll
@@ -134,9 +151,6 @@ extern "C" __global__ void __launch_bounds__(va::COMBINE_GROUP_THREADS * va::COM
 #pragma unroll
             for (int d = 16; d > 0; d >>= 1) den += __shfl_xor_sync(0xffffffffu, den, d);
             const float inv_den = 1.f / den;
-            const float4* src =
-                reinterpret_cast<const float4*>(part_o + (static_cast<size_t>(g) * Rpad + r) * DV + col);
-            const size_t src_stride = split_stride * (DV / 4);
             for (int s0 = 0; s0 < num_splits; s0 += 32) {
                 // lane j holds the weight of split s0 + j; 0 for an empty split (lse -inf), whose partial O
                 // was never written this launch: it is still loaded (in bounds), but the select drops it
@@ -145,11 +159,6 @@ extern "C" __global__ void __launch_bounds__(va::COMBINE_GROUP_THREADS * va::COM
                 const float w_lane = ls != NEG_INF ? expf(ls - mx) * inv_den : 0.f;
                 const int count = min(32, num_splits - s0);
                 for (int j0 = group * COMBINE_UNROLL; j0 < count; j0 += groups * COMBINE_UNROLL) {
-                    float4 v[COMBINE_UNROLL];
-#pragma unroll
-                    for (int u = 0; u < COMBINE_UNROLL; ++u)     // all loads first: COMBINE_UNROLL in flight
-                        v[u] = j0 + u < count ? __ldcs(src + (s0 + j0 + u) * src_stride)
-                                              : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
                     for (int u = 0; u < COMBINE_UNROLL; ++u) {
                         const float w = __shfl_sync(0xffffffffu, w_lane, (j0 + u) & 31);
@@ -160,6 +169,11 @@ extern "C" __global__ void __launch_bounds__(va::COMBINE_GROUP_THREADS * va::COM
                             acc.w = fmaf(w, v[u].w, acc.w);
                         }
                     }
+                    // the group's next batch: further in these 32 splits, else the first of the next 32
+                    if (j0 + groups * COMBINE_UNROLL < count)
+                        load_batch(s0, j0 + groups * COMBINE_UNROLL);
+                    else if (s0 + 32 < num_splits)
+                        load_batch(s0 + 32, group * COMBINE_UNROLL);
                 }
             }
             lse_out = mx + logf(den);
