@@ -98,8 +98,8 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
 // DV / COMBINE_WARPS_PER_ROW value columns (a float4 per lane), and the groups take alternate batches of
 // COMBINE_UNROLL splits, so a row has groups * COMBINE_UNROLL partial loads in flight per lane position (the
 // partials come from L2: the loads' latency, not their bytes, bounds this kernel). A row's reads after the wait for
-// the main kernel take one trip to L2 before the sums: the group's first batch goes out with the split lse, and
-// each later batch is loaded while the one before is summed; n_nodes (an input) is read before the wait. The
+// the main kernel take one trip to L2 before the sums: the group's first batch goes out with the split lse, each
+// later one as soon as the batch before is summed; n_nodes (an input) is read before the wait. The
 // groups' sums meet in shared memory. Every workspace word read here was written by this launch's main kernel
 // (partial O only where its lse is finite), so nothing needs zeroing afterwards. Two blocks an SM (64 registers:
 // the batch ahead held 85). (The body stays in the kernel: as a helper it compiled differently on sm_90 and on
@@ -130,9 +130,9 @@ extern "C" __global__ void __launch_bounds__(va::COMBINE_GROUP_THREADS * va::COM
         const float4* src =
             reinterpret_cast<const float4*>(part_o + (static_cast<size_t>(g) * Rpad + r) * DV + col);
         const size_t src_stride = split_stride * (DV / 4);
-        // a group's batches of COMBINE_UNROLL partial rows, each loaded one batch ahead of its sums; the first with
-        // the split lse below, so one trip to L2 after the wait serves both (a split whose lse is -inf is still
-        // loaded, in bounds, and dropped by its zero weight)
+        // a group's batches of COMBINE_UNROLL partial rows, each issued as soon as the batch before is summed; the
+        // first with the split lse below, so one trip to L2 after the wait serves both (a split whose lse is -inf
+        // is still loaded, in bounds, and dropped by its zero weight)
         float4 v[COMBINE_UNROLL];
         const auto load_batch = [&](int s0, int j0) {
             const int count = min(32, num_splits - s0);
