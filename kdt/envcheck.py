@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 from dataclasses import asdict, dataclass
 
-from kdt import arches, toolkit
+from kdt import arches, paths, toolkit
 
 REQUIRED_PACKAGES = ("numpy", "h5py", "ml_dtypes", "typer", "rich")
 OPTIONAL_PACKAGES = {"cuda-pathfinder": "finds nvcc in pip-installed CUDA toolkits",
@@ -42,7 +42,7 @@ def run_checks(arch: str = arches.DEFAULT, require_gpu: bool = False) -> list[Ch
     for name in REQUIRED_PACKAGES:
         version = _package_version(name)
         checks.append(Check(f"package {name}", version is not None, True, version or "not installed",
-                            "" if version else "python3 -m pip install -e .  (installs kdt's dependencies)"))
+                            "" if version else paths.install_command()))
     for name, why in OPTIONAL_PACKAGES.items():
         version = _package_version(name)
         checks.append(Check(f"package {name}", version is not None, False, version or f"not installed ({why})",
@@ -63,7 +63,7 @@ def run_checks(arch: str = arches.DEFAULT, require_gpu: bool = False) -> list[Ch
     cupy_ok = report.cupy_version is not None
     checks.append(Check("cupy", cupy_ok, require_gpu,
                         f"{report.cupy_version}" if cupy_ok else f"not importable ({report.cupy_error})",
-                        "" if cupy_ok else "python3 -m pip install -e '.[gpu]'  (cupy-cuda13x)"))
+                        "" if cupy_ok else paths.install_command("gpu")))
     if cupy_ok:
         if report.error:
             checks.append(Check("gpu", False, require_gpu, f"no usable GPU: {report.error}",

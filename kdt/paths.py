@@ -1,6 +1,7 @@
 """Where kdt finds its kernel sources and golden files: `kdt/kernels` and `kdt/golden_files`, which in a checkout are
 links to the repository's `kernels/` and `golden/` (the layout the contract names) and in an installed wheel are the
-package data itself. Both resolve against the package, never the working directory."""
+package data itself. Both resolve against the package, never the working directory; so does the install command a
+missing dependency's message gives (`install_command`)."""
 
 from __future__ import annotations
 
@@ -11,3 +12,21 @@ PACKAGE = Path(__file__).resolve().parent
 # KDT_KERNELS_DIR points kdt at another tree of kernel sources (a fork under test, a broken one in tests)
 KERNELS = Path(os.environ.get("KDT_KERNELS_DIR") or (PACKAGE / "kernels").resolve())
 GOLDEN = (PACKAGE / "golden_files").resolve()
+
+
+def install_command(extra: str | None = None) -> str:
+    """The command that installs what kdt needs (extra None) or its optional `extra` ("gpu", "test", "plot") needs,
+    for this installation: in a source checkout an editable install of it (its absolute path, so that it works from
+    any directory), from an installed wheel those requirements as kdt's metadata lists them."""
+    checkout = PACKAGE.parent
+    if (checkout / "pyproject.toml").is_file():
+        return f"python3 -m pip install -e '{checkout}[{extra}]'" if extra else f"python3 -m pip install -e '{checkout}'"
+    from importlib import metadata
+
+    wanted = []
+    for requirement in metadata.requires("kdt") or []:
+        spec, _, marker = requirement.partition(";")
+        in_extra = "extra ==" in marker
+        if (f'extra == "{extra}"' in marker.replace("'", '"')) if extra else not in_extra:
+            wanted.append(f"'{spec.strip()}'")
+    return "python3 -m pip install " + " ".join(wanted)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from kdt import arches, build
+from kdt import arches, build, paths
 from kdt.launch.plan import Target
 from kdt.spec import StageSpec
 from kdt.refs.errors import BadInput
@@ -27,7 +27,7 @@ def cupy():
         module = importlib.import_module("cupy")
     except Exception as error:  # ImportError, or a CuPy built for another CUDA failing to load its libraries
         raise GpuMissing(f"CuPy is not importable ({type(error).__name__}: {error}); "
-                         "install it with `python3 -m pip install -e '.[gpu]'`") from None
+                         f"install it with `{paths.install_command('gpu')}`") from None
     try:
         count = module.cuda.runtime.getDeviceCount()
     except Exception as error:

@@ -52,6 +52,23 @@ def test_env_check_targets_the_gpu_present(monkeypatch):
     assert envcheck.default_arch() == "sm_120"
 
 
+def test_install_hints_fit_the_installation(monkeypatch, tmp_path):
+    import tomllib
+
+    from kdt import paths
+
+    checkout = paths.PACKAGE.parent
+    assert paths.install_command("gpu") == f"python3 -m pip install -e '{checkout}[gpu]'"
+    assert paths.install_command() == f"python3 -m pip install -e '{checkout}'"
+    # an installed wheel (no pyproject.toml beside the package): the requirements kdt's metadata lists, no "-e"
+    project = tomllib.loads((checkout / "pyproject.toml").read_text())["project"]
+    monkeypatch.setattr(paths, "PACKAGE", tmp_path / "site-packages" / "kdt")
+    for extra in ("gpu", "plot"):
+        listed = [r.split(";")[0].strip() for r in project["optional-dependencies"][extra]]
+        assert paths.install_command(extra) == "python3 -m pip install " + " ".join(f"'{r}'" for r in listed)
+    assert paths.install_command() == "python3 -m pip install " + " ".join(f"'{r}'" for r in project["dependencies"])
+
+
 def test_env_check_json(root):
     done = kdt("env-check", "--json", cwd=root)
     report = json.loads(done.stdout)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kdt import bench, build, envcheck, limits, peaks, sanitize, stages
+from kdt import bench, build, envcheck, limits, paths, peaks, sanitize, stages
 from kdt.compare import Diff, FieldResult
 from kdt.console import Report, Sheet, append_step_summary, styled
 from kdt.verify import CaseResult
@@ -388,7 +388,7 @@ def test_bench_plot_hint_keeps_its_brackets(monkeypatch, capsys, fake_gpu):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
     code, out, err = run(monkeypatch, capsys, "bench", "topk", "--plot", "x.png")
-    assert code == 2 and "pip install -e '.[plot]'" in err
+    assert code == 2 and paths.install_command("plot") in " ".join(err.split()), err
 
 
 # --- gen-golden -----------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def command(kernels: list[str] = StagesArg,
                                                        "applies to the ratio"),
             output: OutputFormat = FormatOption):
     """Time kernels (CUDA events, graph mode, rotated inputs) against the machine's measured peaks."""
-    from kdt import bench, build, peaks, report, runtime, stages
+    from kdt import bench, build, paths, peaks, report, runtime, stages
     from kdt.spec import DEFAULT_BENCH_SET
 
     specs = stages.select(kernels)
@@ -69,7 +69,7 @@ def command(kernels: list[str] = StagesArg,
         except (OSError, ValueError) as error:
             raise BadInput("--baseline", "a JSON file written by kdt bench --json", f"{baseline} ({error})") from None
     if plot_file is not None and importlib.util.find_spec("matplotlib") is None:
-        raise KdtExit(EXIT_ENVIRONMENT, escape("--plot needs matplotlib: python3 -m pip install -e '.[plot]'"))
+        raise KdtExit(EXIT_ENVIRONMENT, escape(f"--plot needs matplotlib: {paths.install_command('plot')}"))
     runtime.cupy()
     runs = parse_arches(arch) if arch else [runtime.device_arch()]
     for name in runs:
