@@ -20,7 +20,7 @@ def install_command(extra: str | None = None) -> str:
     any directory), from an installed wheel those requirements as kdt's metadata lists them."""
     checkout = PACKAGE.parent
     if (checkout / "pyproject.toml").is_file():
-        return f"python3 -m pip install -e '{checkout}[{extra}]'" if extra else f"python3 -m pip install -e '{checkout}'"
+        return f"python3 -m pip install -e '{checkout}" + (f"[{extra}]'" if extra else "'")
     from importlib import metadata
 
     wanted = []
