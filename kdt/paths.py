@@ -26,7 +26,7 @@ def install_command(extra: str | None = None) -> str:
     wanted = []
     for requirement in metadata.requires("kdt") or []:
         spec, _, marker = requirement.partition(";")
-        in_extra = "extra ==" in marker
-        if (f'extra == "{extra}"' in marker.replace("'", '"')) if extra else not in_extra:
+        marker = marker.replace("'", '"')
+        if f'extra == "{extra}"' in marker if extra else "extra ==" not in marker:
             wanted.append(f"'{spec.strip()}'")
     return "python3 -m pip install " + " ".join(wanted)
