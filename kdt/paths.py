@@ -27,6 +27,7 @@ def install_command(extra: str | None = None) -> str:
     for requirement in metadata.requires("kdt") or []:
         spec, _, marker = requirement.partition(";")
         marker = marker.replace("'", '"')
-        if f'extra == "{extra}"' in marker if extra else "extra ==" not in marker:
+        wanted_here = (f'extra == "{extra}"' in marker) if extra else ("extra ==" not in marker)
+        if wanted_here:
             wanted.append(f"'{spec.strip()}'")
     return "python3 -m pip install " + " ".join(wanted)
