@@ -155,5 +155,9 @@ __device__ __forceinline__ void block_barrier_divergent() { asm volatile("barrie
 __device__ __forceinline__ void named_barrier(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+// The same for warps that reach it from different places (barrier.sync without .aligned).
+__device__ __forceinline__ void named_barrier_divergent(int id, int count) {
+    asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 
 }  // namespace kdt

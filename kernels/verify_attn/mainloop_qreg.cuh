@@ -6,12 +6,14 @@
 //     over those steps (B by ldmatrix), stored to exchange buffer (k - kb) & 1, and the cp.async of tile k+2
 //     into the key buffer that P V of tile k-2 released. Nothing else: S of tile k+1 runs while the other role
 //     works on tile k.
-//   P V warps 4-7 (warp 4 + v): O of all 32 rows x value columns 128v..+128 (128 registers). Per tile, warps 4, 5
-//     first sum the four partials of m-tile 0, 1 and run its online softmax (rows whole in a quad: no exchange of
-//     row maxima), P and alpha into P buffer (k - kb) & 1; then all four: O = O * alpha + P V (pv_mma.cuh).
-// The roles meet at mbarriers only (S arrives, P V waits on READY; P V arrives, S waits on FREE). Smem per
-// tile: keys 18 KB once for S, partials 8 KB written + 8 KB read, P V 20 KB. Why this shape and the barrier
-// proofs: plans/kernels/verify-attn.md, "Q in registers".
+//   P V warps 4-7 (warp 4 + v): O of all 32 rows x value columns 128v..+128 (128 registers): O = O * alpha +
+//     P V of tile k (pv_mma.cuh). Warps 4, 5 also run the online softmax of m-tile 0, 1 one tile ahead: after
+//     tile k's P V mma they sum the four partials of tile k + 1 (rows whole in a quad: no exchange of row maxima)
+//     and write its P and alpha into P buffer (k + 1 - kb) & 1, in the same basic block as the mma, so that the
+//     softmax's latencies hide under them.
+// The roles meet at mbarriers only (S arrives, P V waits on READY; P V arrives, S waits on FREE), each arrival as
+// early as the buffers allow. Smem per tile: keys 18 KB once for S, partials 8 KB written + 8 KB read, P V 20 KB.
+// Why this shape and the barrier proofs: plans/kernels/verify-attn.md, "Q in registers".
 #pragma once
 
 #include <stdint.h>
@@ -27,8 +29,9 @@
 
 namespace va {
 
-// Named barriers within a role (128 threads): BAR_S (a landed key tile), BAR_PV (P of a tile written). The whole
-// CTA meets only at __syncthreads outside the role branches (prologue, epilogue).
+// Named barriers within a role (128 threads): BAR_S (a landed key tile), BAR_PV (P of a tile written; the softmax
+// warps reach it from other instructions than warps 6, 7: the non-aligned barrier). The whole CTA meets only at
+// __syncthreads outside the role branches (prologue, epilogue).
 constexpr int BAR_S = 1;
 constexpr int BAR_PV = 2;
 // Between the roles, mbarriers (OFF_BAR + 8 i, ROLE_THREADS arrivals a phase): MB_READY + b (S arrives: the
@@ -140,16 +143,17 @@ __device__ __forceinline__ void attend_qreg(const FwdParams& p, unsigned char* s
                 }
             }
 
-            // ---- exchange buffer b and tile k-2's key buffer are free once P V of tile k-2 is done; the key
-            // buffer takes tile k+2 (one group per iteration, empty past the end)
-            if (it >= 2) {
-                kdt::mbar_wait(freed(b), ((it - 2) >> 1) & 1);
-                if (k + 2 < ke) load_tile(k + 2);
-                kdt::cp_async_commit();
-            }
+            // ---- exchange buffer b and tile k-2's key buffer are free once P V of tile k-2 is done: the partials
+            // go out first (the P V warps wait for them), then the key buffer takes tile k+2 (one group per
+            // iteration, empty past the end)
+            if (it >= 2) kdt::mbar_wait(freed(b), ((it - 2) >> 1) & 1);
 #pragma unroll
             for (int t = 0; t < 4; ++t) xch[32 * (XCH_BUF / 32 * b + 4 * ds + t)] = as_float4(acc[t >> 1][t & 1]);
             kdt::mbar_arrive(ready(b));  // release: the partials of tile k -> the P V warps
+            if (it >= 2) {
+                if (k + 2 < ke) load_tile(k + 2);
+                kdt::cp_async_commit();
+            }
         }
     } else {
         const int rowB = rowA + 8;
@@ -163,53 +167,80 @@ __device__ __forceinline__ void attend_qreg(const FwdParams& p, unsigned char* s
         for (int j = 0; j < O_NT; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
-        for (int k = kb; k < ke; ++k) {
-            const int it = k - kb;
-            const int b = it & 1;
-            if (softmax_warp) {
-                // tree tile: the mask word of the two rows (16 keys, one word), loaded before the wait
-                const bool tree = k >= w.n_pref;
-                const int j0 = (k - w.n_pref) * KV_T;  // first tree slot of the tile
-                uint32_t wA = 0u, wB = 0u;
-                if (tree && j0 < N) {
-                    const uint32_t* mrow = p.mask + static_cast<size_t>(w.g) * N * p.W + (j0 >> 5);
-                    if (actA) wA = __ldg(mrow + (grA / p.H) * p.W) >> (j0 & 31);
-                    if (actB) wB = __ldg(mrow + (grB / p.H) * p.W) >> (j0 & 31);
-                }
-                kdt::mbar_wait(ready(b), (it >> 1) & 1);
-                // ---- S of m-tile v: the four S warps' partials
-                float s[NT][4];
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    const float4 first = xch[32 * (XCH_BUF / 32 * b + 2 * v + nt)];
-                    s[nt][0] = first.x;
-                    s[nt][1] = first.y;
-                    s[nt][2] = first.z;
-                    s[nt][3] = first.w;
-#pragma unroll
-                    for (int src = 1; src < S_WARPS; ++src)
-                        add_float4(s[nt], xch[32 * (XCH_BUF / 32 * b + 4 * src + 2 * v + nt)]);
-                }
-                // ---- scale, mask, row max (valid columns c: prefix c < lim; tree c < lim and mask bit c)
-                float mxA, mxB;
-                scale_mask_rowmax<NT>(s, cq, tree ? N - j0 : w.plen - k * KV_T, tree, wA, wB, p.scale_log2e, mxA,
-                                      mxB);
-                float muA, muB;
-                const float alA = move_max(mA, mxA, muA), alB = move_max(mB, mxB, muB);
-                float sumA, sumB;
-                write_p<NT, P_ROW_BYTES>(s, muA, muB, pst + b * P_BYTES, 0, pz, sumA, sumB);
-                lA = lA * alA + sumA;
-                lB = lB * alB + sumB;
-                if (cq == 0) {
-                    alpha_s[b * ROWS + rowA] = alA;
-                    alpha_s[b * ROWS + rowB] = alB;
-                }
-            } else {
-                kdt::mbar_wait(ready(b), (it >> 1) & 1);
+        // The softmax of tile k (softmax warps): the partials of m-tile v summed, scaled, masked; P and alpha into
+        // P buffer (k - kb) & 1. wA, wB: its rows' mask words (tree tiles: 16 keys, one word), loaded before READY's
+        // wait.
+        const auto mask_words = [&](int k, uint32_t& wA, uint32_t& wB) {
+            const int j0 = (k - w.n_pref) * KV_T;  // first tree slot of the tile
+            wA = wB = 0u;
+            if (k >= w.n_pref && j0 < N) {
+                const uint32_t* mrow = p.mask + static_cast<size_t>(w.g) * N * p.W + (j0 >> 5);
+                if (actA) wA = __ldg(mrow + (grA / p.H) * p.W) >> (j0 & 31);
+                if (actB) wB = __ldg(mrow + (grB / p.H) * p.W) >> (j0 & 31);
             }
-            kdt::named_barrier(BAR_PV, ROLE_THREADS);  // P and alpha of tile k visible to the P V warps
+        };
+        const auto softmax_tile = [&](int k, uint32_t wA, uint32_t wB) {
+            const int b = (k - kb) & 1;
+            const bool tree = k >= w.n_pref;
+            float s[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const float4 first = xch[32 * (XCH_BUF / 32 * b + 2 * v + nt)];
+                s[nt][0] = first.x;
+                s[nt][1] = first.y;
+                s[nt][2] = first.z;
+                s[nt][3] = first.w;
+#pragma unroll
+                for (int src = 1; src < S_WARPS; ++src)
+                    add_float4(s[nt], xch[32 * (XCH_BUF / 32 * b + 4 * src + 2 * v + nt)]);
+            }
+            // scale, mask, row max (valid columns c: prefix c < lim; tree c < lim and mask bit c)
+            float mxA, mxB;
+            scale_mask_rowmax<NT>(s, cq, tree ? N - (k - w.n_pref) * KV_T : w.plen - k * KV_T, tree, wA, wB,
+                                  p.scale_log2e, mxA, mxB);
+            float muA, muB;
+            const float alA = move_max(mA, mxA, muA), alB = move_max(mB, mxB, muB);
+            float sumA, sumB;
+            write_p<NT, P_ROW_BYTES>(s, muA, muB, pst + b * P_BYTES, 0, pz, sumA, sumB);
+            lA = lA * alA + sumA;
+            lB = lB * alB + sumB;
+            if (cq == 0) {
+                alpha_s[b * ROWS + rowA] = alA;
+                alpha_s[b * ROWS + rowB] = alB;
+            }
+        };
+        if (softmax_warp) {
+            // tile k + 1's softmax runs in iteration k, after tile k's P V mma (pv_step's rescale branch comes
+            // before them: one basic block), so that its latencies hide under the mma
+            uint32_t wA, wB;
+            mask_words(kb, wA, wB);
+            kdt::mbar_wait(ready(0), 0);
+            softmax_tile(kb, wA, wB);
+            int k = kb;
+            for (; k + 1 < ke; ++k) {
+                const int it = k - kb;
+                const int b = it & 1;
+                mask_words(k + 1, wA, wB);
+                kdt::mbar_wait(ready(b ^ 1), ((it + 1) >> 1) & 1);
+                kdt::named_barrier_divergent(BAR_PV, ROLE_THREADS);  // P and alpha of tile k visible to the P V warps
+                pv_step(o, alpha_s + b * ROWS, pv, kv_buffer(k), static_cast<uint32_t>(b * P_BYTES), gq);
+                // release: this warp is done with tile k's buffers (its partials were read in iteration k - 1)
+                kdt::mbar_arrive(freed(b));
+                softmax_tile(k + 1, wA, wB);
+            }
+            const int b = (k - kb) & 1;
+            kdt::named_barrier_divergent(BAR_PV, ROLE_THREADS);
             pv_step(o, alpha_s + b * ROWS, pv, kv_buffer(k), static_cast<uint32_t>(b * P_BYTES), gq);
-            kdt::mbar_arrive(freed(b));  // release: this warp is done with tile k's buffers
+            kdt::mbar_arrive(freed(b));
+        } else {
+            for (int k = kb; k < ke; ++k) {
+                const int it = k - kb;
+                const int b = it & 1;
+                kdt::mbar_wait(ready(b), (it >> 1) & 1);             // tile k's keys visible
+                kdt::named_barrier_divergent(BAR_PV, ROLE_THREADS);  // P and alpha of tile k visible
+                pv_step(o, alpha_s + b * ROWS, pv, kv_buffer(k), static_cast<uint32_t>(b * P_BYTES), gq);
+                kdt::mbar_arrive(freed(b));  // release: this warp is done with tile k's buffers
+            }
         }
     }
 
