@@ -23,11 +23,15 @@ def install_command(extra: str | None = None) -> str:
         return f"python3 -m pip install -e '{checkout}" + (f"[{extra}]'" if extra else "'")
     from importlib import metadata
 
+    from packaging.requirements import Requirement
+
     wanted = []
-    for requirement in metadata.requires("kdt") or []:
-        spec, _, marker = requirement.partition(";")
-        marker = marker.replace("'", '"')
-        wanted_here = (f'extra == "{extra}"' in marker) if extra else ("extra ==" not in marker)
+    for line in metadata.requires("kdt") or []:
+        requirement = Requirement(line)
+        marker, requirement.marker = requirement.marker, None
+        # kdt's own requirements on this platform, or those that only the extra adds
+        base = marker is None or marker.evaluate({"extra": ""})
+        wanted_here = base if extra is None else (not base and marker.evaluate({"extra": extra}))
         if wanted_here:
-            wanted.append(f"'{spec.strip()}'")
+            wanted.append(f"'{requirement}'")
     return "python3 -m pip install " + " ".join(wanted)
