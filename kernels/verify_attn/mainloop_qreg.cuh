@@ -69,11 +69,18 @@ __device__ __forceinline__ void attend_qreg(const FwdParams& p, unsigned char* s
     if (tid_in == 0)  // published by the prologue's __syncthreads
         for (int i = 0; i < QREG_MBARS; ++i) kdt::mbar_init(sBar + 8 * i, ROLE_THREADS);
 
-    // ---- prologue: Q and tile kb by every thread
+    // ---- prologue: Q and tile kb by every thread; tile kb + 1 into key buffer 1 (free: Q is staged in 2, 3) by
+    // the S warps, its own group, left in flight while Q goes into registers
     load_q_tile(sQ, p, w, tid_in);
     load_kv_tile(sKV, kb, page_of(kb), w.n_pref, w.plen, N, w.g, p.kv_cache, p.kv_tree);
     kdt::cp_async_commit();
-    kdt::cp_async_wait<0>();
+    if (warp < S_WARPS) {
+        if (kb + 1 < ke) load_tile(kb + 1);
+        kdt::cp_async_commit();
+        kdt::cp_async_wait<1>();
+    } else {
+        kdt::cp_async_wait<0>();
+    }
     __syncthreads();
 
     // P V warp v = warp - S_WARPS: value columns DV_W*v..+DV_W; v < MT: also the softmax of m-tile v (rows rowA,
@@ -109,7 +116,7 @@ __device__ __forceinline__ void attend_qreg(const FwdParams& p, unsigned char* s
                 kdt::ldsm_x4(qaddr + mt * 16 * ROW_BYTES + j * 128, qf[mt][j][0], qf[mt][j][1], qf[mt][j][2],
                              qf[mt][j][3]);
         kdt::named_barrier(BAR_S, ROLE_THREADS);  // every S warp holds its Q: key buffers 2, 3 are free
-        for (int k = kb + 1; k < kb + STAGES; ++k) {
+        for (int k = kb + 2; k < kb + STAGES; ++k) {
             if (k < ke) load_tile(k);
             kdt::cp_async_commit();
         }
