@@ -10,8 +10,8 @@
 //   accepted while d < K; otherwise x is the bonus. Pointers are followed only inside [0, N); a malformed tree
 //   stops the walk, never hangs.
 //
-// Entry points (clusters of ts::CLUSTER = 8 blocks of ts::THREADS = 512; a draw is the whole cluster's, each
-// block a chunk of the row: tree_sample/draw.cuh)
+// Entry points (clusters of ts::Eight::CLUSTER = 8 blocks of ts::THREADS = 512, or of ts::Six::CLUSTER = 6; a draw
+// is the whole cluster's, each block a chunk of the row: tree_sample/draw.cuh)
 //   kdt_tree_sample_slots  grid = G * N clusters, one per (request, slot), two blocks per multiprocessor (one wave):
 //                          the slot's depth (tree_sample/depth.cuh, warp 0 while the other warps start the row),
 //                          then its draw at position + depth into the workspace, a 64-bit entry per slot [G, N]
@@ -19,6 +19,8 @@
 //                          the last cluster of a request to count (a counter per request, uint32 [G] after the
 //                          entries) polls them, leaves entries and counter zero, and walks: on a tree rank 0's warp
 //                          0 alone. Few rows (G * N small): every draw at once, one launch.
+//   kdt_tree_sample_slots6 the same in clusters of six, one block per multiprocessor: the plan's choice where they
+//                          take at most `six_block_waves` waves (a block alone on its multiprocessor reads faster).
 //   kdt_tree_sample_walk   grid = G clusters: the walk, each slot it visits drawn on the spot, one after another:
 //                          the path for many rows, which reads only the K + 1 rows a walk visits.
 //   Graph-capturable: every per-request value is read on the device; the plan depends on shapes only.
@@ -35,7 +37,8 @@
 #include "tree_sample/draw.cuh"
 
 extern "C" __constant__ int kdt_tree_sample_threads = ts::THREADS;  // read by kdt/launch/tree_sample.py
-extern "C" __constant__ int kdt_tree_sample_cluster = ts::CLUSTER;
+extern "C" __constant__ int kdt_tree_sample_cluster = ts::Eight::CLUSTER;
+extern "C" __constant__ int kdt_tree_sample_slots6_cluster = ts::Six::CLUSTER;
 extern "C" __constant__ int kdt_tree_sample_slots_max = ts::SLOTS_MAX;
 extern "C" __constant__ int kdt_tree_sample_slots_blocks_per_sm = ts::SLOTS_BLOCKS_PER_SM;
 
@@ -50,17 +53,18 @@ struct Request {
     uint64_t seed, position;
 };
 
+template <class S>
 __device__ __forceinline__ Request request(int g, const float* temperature, const int* top_k, const float* top_p,
                                            const unsigned long long* seed, const long long* position) {
-    return {g, blockIdx.x % CLUSTER, temperature[g], top_k[g], top_p[g], seed[g], static_cast<uint64_t>(position[g])};
+    return {g, blockIdx.x % S::CLUSTER, temperature[g], top_k[g], top_p[g], seed[g], static_cast<uint64_t>(position[g])};
 }
 
 // This block's chunk of row `row` (a multiple of 8 logits: 16-byte aligned chunks), from shapes only: its L2
 // prefetch can be issued before any per-request value arrives.
-template <typename Tin>
-__device__ Draw<Tin> chunk_of(const Tin* logits, int vocab, size_t row) {
-    const uint32_t rank = blockIdx.x % CLUSTER;
-    const int chunk = ((vocab + CLUSTER - 1) / CLUSTER + 7) & ~7;
+template <class S, typename Tin>
+__device__ Draw<Tin, S> chunk_of(const Tin* logits, int vocab, size_t row) {
+    const uint32_t rank = blockIdx.x % S::CLUSTER;
+    const int chunk = ((vocab + S::CLUSTER - 1) / S::CLUSTER + 7) & ~7;
     const int begin = min(vocab, static_cast<int>(rank) * chunk), end = min(vocab, begin + chunk);
     return {logits + row * static_cast<size_t>(vocab), begin, end, 0.f, rank, 0u, 0.f};
 }
@@ -70,10 +74,10 @@ __device__ __forceinline__ float inverse_temperature(float temperature) {
 }
 
 // round: the exchange rounds of the draws before this one since the last cluster barrier (advanced).
-template <typename Tin>
+template <class S, typename Tin>
 __device__ int draw_row(const Tin* logits, int vocab, size_t row, const Request& q, uint64_t position,
                         uint32_t& round, Smem& s) {
-    Draw<Tin> d = chunk_of(logits, vocab, row);
+    Draw<Tin, S> d = chunk_of<S>(logits, vocab, row);
     prefetch_chunk(d);
     d.inv_temperature = inverse_temperature(q.temperature);
     d.round = round;
@@ -86,7 +90,7 @@ __device__ int draw_row(const Tin* logits, int vocab, size_t row, const Request&
 // drawn are the request's own rows (global memory on the walk path, shared memory on the every-slot path); drawn
 // holds (token, depth) per slot, or is null: a slot whose drawn depth is the walk's takes that token, any other is
 // drawn on the spot by the whole cluster.
-template <typename Tin>
+template <class S, typename Tin>
 __device__ void walk(const Tin* logits, int vocab, size_t row0, const int* __restrict__ token,
                      const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
                      int max_depth, const Request& q, const int* __restrict__ drawn, int* __restrict__ accept_len,
@@ -133,7 +137,7 @@ __device__ void walk(const Tin* logits, int vocab, size_t row0, const int* __res
     for (;; ++d) {        // buffers
         const bool predrawn = drawn != nullptr && drawn[2 * cur + 1] == d;
         const uint64_t position = q.position + static_cast<uint64_t>(d);
-        const int x = predrawn ? drawn[2 * cur] : draw_row(logits, vocab, row0 + cur, q, position, round, s);
+        const int x = predrawn ? drawn[2 * cur] : draw_row<S>(logits, vocab, row0 + cur, q, position, round, s);
         if (threadIdx.x == 0) s.next = step(cur, d, x);
         __syncthreads();
         cur = s.next;
@@ -190,7 +194,7 @@ __device__ bool publish_and_count(unsigned long long* entries, int slot, int num
 // memory) before that; on another pointer structure the whole cluster, which may draw again.
 // The request's values are read here, after the tree's copies are issued: read before the call (a reference to
 // them) they went to local memory, a store that waits for the loads before anything else.
-template <typename Tin>
+template <class S, typename Tin>
 __device__ void every_slot(const Tin* logits, int vocab, const int* __restrict__ token,
                            const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
                            int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
@@ -198,17 +202,17 @@ __device__ void every_slot(const Tin* logits, int vocab, const int* __restrict__
                            const long long* __restrict__ position, unsigned long long* drawn, unsigned int* finished,
                            int* __restrict__ accept_len, int* __restrict__ accept_index,
                            int* __restrict__ accept_tokens, Smem& s, TreeSmem& tree) {
-    const int g = static_cast<int>(blockIdx.x / CLUSTER) / num_slots;
+    const int g = static_cast<int>(blockIdx.x / S::CLUSTER) / num_slots;
     const size_t row0 = static_cast<size_t>(g) * static_cast<size_t>(num_slots);
-    const int slot = static_cast<int>(blockIdx.x / CLUSTER) - g * num_slots;
-    Draw<Tin> d = chunk_of(logits, vocab, row0 + slot);
+    const int slot = static_cast<int>(blockIdx.x / S::CLUSTER) - g * num_slots;
+    Draw<Tin, S> d = chunk_of<S>(logits, vocab, row0 + slot);
     // No L2 prefetch of the chunk ahead of the first pass (the bulk-copy engine's, or each thread's own): either
     // made the launch slower (plans/kernels/tree-sample.md).
     // The depths found by warp 0 before its share of the first pass (found after it, while warp 0 reads top-p's
     // lists, they cost more than they hid: plans/kernels/tree-sample.md), and the draw abandoned after the first
     // exchange where the walk cannot reach this slot (every block of the cluster agrees: same depth)
     stage_tree_rows(token + row0, first_child + row0, next_sibling + row0, num_slots, tree);
-    const Request q = request(g, temperature, top_k, top_p, seed, position);
+    const Request q = request<S>(g, temperature, top_k, top_p, seed, position);
     d.inv_temperature = inverse_temperature(q.temperature);
     find_depths(num_slots, tree);  // warp 0 (the block reads them after the first exchange's barrier)
     const int x = draw(
@@ -232,7 +236,7 @@ __device__ void every_slot(const Tin* logits, int vocab, const int* __restrict__
         return;
     }
     if (q.rank == 0 && threadIdx.x == 0)
-        for (uint32_t r = 0; r < CLUSTER; ++r) kdt::store_to_block(&s.walks, r, walks ? 1u : 0u);
+        for (uint32_t r = 0; r < S::CLUSTER; ++r) kdt::store_to_block(&s.walks, r, walks ? 1u : 0u);
     kdt::cluster_sync();
     __syncthreads();
     if (!s.walks) return;  // the same in every block of the cluster
@@ -241,13 +245,13 @@ __device__ void every_slot(const Tin* logits, int vocab, const int* __restrict__
             tree.drawn[i] = static_cast<int>(kdt::load_from_block(reinterpret_cast<const uint32_t*>(&tree.drawn[i]), 0));
     kdt::cluster_sync();  // before rank 0 may leave
     __syncthreads();
-    walk(logits, vocab, row0, tree.token, tree.first_child, tree.next_sibling, num_slots, max_depth, q, tree.drawn,
+    walk<S>(logits, vocab, row0, tree.token, tree.first_child, tree.next_sibling, num_slots, max_depth, q, tree.drawn,
          accept_len, accept_index, accept_tokens, s);
 }
 
 }  // namespace ts
 
-extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, 1)
+extern "C" __global__ void __cluster_dims__(ts::Eight::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, 1)
     kdt_tree_sample_walk(const void* __restrict__ target_logits, int bf16, int vocab, const int* __restrict__ token,
                          const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
                          int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
@@ -255,21 +259,21 @@ extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__
                          const long long* __restrict__ position, int* __restrict__ accept_len,
                          int* __restrict__ accept_index, int* __restrict__ accept_tokens) {
     __shared__ ts::Smem s;
-    const ts::Request q = ts::request(static_cast<int>(blockIdx.x / ts::CLUSTER), temperature, top_k, top_p, seed,
+    const ts::Request q = ts::request<ts::Eight>(static_cast<int>(blockIdx.x / ts::Eight::CLUSTER), temperature, top_k, top_p, seed,
                                       position);
     const size_t row0 = static_cast<size_t>(q.g) * static_cast<size_t>(num_slots);
     if (bf16)
-        ts::walk(static_cast<const uint16_t*>(target_logits), vocab, row0, token + row0, first_child + row0,
+        ts::walk<ts::Eight>(static_cast<const uint16_t*>(target_logits), vocab, row0, token + row0, first_child + row0,
                  next_sibling + row0, num_slots, max_depth, q, nullptr, accept_len, accept_index, accept_tokens, s);
     else
-        ts::walk(static_cast<const float*>(target_logits), vocab, row0, token + row0, first_child + row0,
+        ts::walk<ts::Eight>(static_cast<const float*>(target_logits), vocab, row0, token + row0, first_child + row0,
                  next_sibling + row0, num_slots, max_depth, q, nullptr, accept_len, accept_index, accept_tokens, s);
 }
 
 // Two blocks per multiprocessor (64 registers a thread): a GPC then holds twice the clusters, so that G * N draws
 // of the every-slot path start in one wave (plans/kernels/tree-sample.md, "G1 N16: where the time goes"). The plan
 // says so (KernelLaunch.blocks_per_sm), and kdt build holds two blocks' shared memory to each arch's multiprocessor.
-extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, ts::SLOTS_BLOCKS_PER_SM)
+extern "C" __global__ void __cluster_dims__(ts::Eight::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, ts::SLOTS_BLOCKS_PER_SM)
     kdt_tree_sample_slots(const void* __restrict__ target_logits, int bf16, int vocab, const int* __restrict__ token,
                           const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
                           int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
@@ -280,11 +284,34 @@ extern "C" __global__ void __cluster_dims__(ts::CLUSTER, 1, 1) __launch_bounds__
     __shared__ ts::Smem s;
     __shared__ ts::TreeSmem tree;
     if (bf16)
-        ts::every_slot(static_cast<const uint16_t*>(target_logits), vocab, token, first_child, next_sibling,
+        ts::every_slot<ts::Eight>(static_cast<const uint16_t*>(target_logits), vocab, token, first_child, next_sibling,
                        num_slots, max_depth, temperature, top_k, top_p, seed, position, drawn, finished, accept_len,
                        accept_index, accept_tokens, s, tree);
     else
-        ts::every_slot(static_cast<const float*>(target_logits), vocab, token, first_child, next_sibling, num_slots,
+        ts::every_slot<ts::Eight>(static_cast<const float*>(target_logits), vocab, token, first_child, next_sibling, num_slots,
+                       max_depth, temperature, top_k, top_p, seed, position, drawn, finished, accept_len,
+                       accept_index, accept_tokens, s, tree);
+}
+
+// Six-block clusters, one block per multiprocessor (128 registers: seven loads in flight a thread): where G * N
+// clusters of eight would put two blocks on some multiprocessors (the plan's choice), six-block ones hold a
+// multiprocessor each (plans/kernels/tree-sample.md, "G1 N16 in the fifteenth session").
+extern "C" __global__ void __cluster_dims__(ts::Six::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, 1)
+    kdt_tree_sample_slots6(const void* __restrict__ target_logits, int bf16, int vocab, const int* __restrict__ token,
+                          const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
+                          int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
+                          const float* __restrict__ top_p, const unsigned long long* __restrict__ seed,
+                          const long long* __restrict__ position, unsigned long long* drawn, unsigned int* finished,
+                          int* __restrict__ accept_len, int* __restrict__ accept_index,
+                          int* __restrict__ accept_tokens) {
+    __shared__ ts::Smem s;
+    __shared__ ts::TreeSmem tree;
+    if (bf16)
+        ts::every_slot<ts::Six>(static_cast<const uint16_t*>(target_logits), vocab, token, first_child, next_sibling,
+                       num_slots, max_depth, temperature, top_k, top_p, seed, position, drawn, finished, accept_len,
+                       accept_index, accept_tokens, s, tree);
+    else
+        ts::every_slot<ts::Six>(static_cast<const float*>(target_logits), vocab, token, first_child, next_sibling, num_slots,
                        max_depth, temperature, top_k, top_p, seed, position, drawn, finished, accept_len,
                        accept_index, accept_tokens, s, tree);
 }

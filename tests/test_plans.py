@@ -235,15 +235,22 @@ def test_tree_sample_draws_every_slot_at_once_only_for_few_rows(targets):
         return [k.function for k in plan(*args, **kwargs).launches]
 
     few = plan(1, 16)          # one request: every slot's draw at once (one draw of latency), the last one walks
-    assert path(1, 16) == ["kdt_tree_sample_slots"] and few.launches[0].grid[0] == 16 * 8
-    assert few.launches[0].cluster == 8 and few.workspace_bytes == 16 * 2 * 4 + 4
+    assert path(1, 16) == ["kdt_tree_sample_slots6"] and few.launches[0].grid[0] == 16 * 6   # 96 blocks, one a SM
+    assert few.launches[0].cluster == 6 and few.launches[0].blocks_per_sm == 1
+    assert few.workspace_bytes == 16 * 2 * 4 + 4
+    eight = plan(1, 16, six_block_waves=0)
+    assert path(1, 16, six_block_waves=0) == ["kdt_tree_sample_slots"] and eight.launches[0].grid[0] == 16 * 8
+    assert eight.launches[0].cluster == 8 and eight.launches[0].blocks_per_sm == 2
+    assert path(1, 44) == ["kdt_tree_sample_slots6"]                       # 264 blocks: two waves of 132 SMs
+    assert path(1, 45) == ["kdt_tree_sample_slots"]                        # 270: past two waves, eight at two a SM
     many = plan(64, 64)        # the walk: only the rows a walk visits are read
     assert path(64, 64) == ["kdt_tree_sample_walk"] and many.launches[0].grid[0] == 64 * 8
     assert many.workspace_bytes == 0
     assert path(1, 16, every_slot_blocks_per_sm=0) == ["kdt_tree_sample_walk"]
     assert path(1, 300) == ["kdt_tree_sample_walk"]                        # N past the every-slot path's SLOTS_MAX
     assert path(4, 16, arch="sm_120", sms=70) == ["kdt_tree_sample_walk"]  # 512 blocks > 4 per SM of 70 SMs
-    assert path(2, 16, arch="sm_120", sms=70) == ["kdt_tree_sample_slots"]
+    assert path(2, 16, arch="sm_120", sms=70) == ["kdt_tree_sample_slots"]   # 192 blocks of six > two waves of 70
+    assert path(1, 16, arch="sm_120", sms=70) == ["kdt_tree_sample_slots6"]
 
 
 def test_knobs_parse_convert_and_name_the_bad_ones():

@@ -1,11 +1,14 @@
-"""Launch plan for `kernels/tree_sample.cu` (stage `tree-sample`): every draw is one cluster's (8 blocks, each a
-chunk of the row). Two paths, chosen by shape, one launch each:
+"""Launch plan for `kernels/tree_sample.cu` (stage `tree-sample`): every draw is one cluster's (blocks each a chunk
+of the row). Two paths, chosen by shape, one launch each:
 
   every slot  few rows (G * N clusters fit `every_slot_blocks_per_sm` blocks per multiprocessor, N <= the kernel's
               SLOTS_MAX): `kdt_tree_sample_slots` draws every reachable slot at once, at its depth's position, into
               the workspace, one 64-bit entry per slot [G, N] (valid bit, depth + 1, token); the last cluster of
               each request to count (a counter per request, uint32 [G]) walks on those draws and leaves entries and
-              counter zero. A single request's latency is one draw, not one per accepted token.
+              counter zero. A single request's latency is one draw, not one per accepted token. Where clusters of
+              six, one a multiprocessor, take at most `six_block_waves` waves, `kdt_tree_sample_slots6` does the
+              same with those: a block alone on its multiprocessor reads faster than two sharing one (H200, G = 1:
+              N = 8 to 32 0.86-0.94 of the eight-block time; N = 64, three waves: 1.20).
   walk        otherwise: `kdt_tree_sample_walk`, one cluster per request drawing each slot it visits, so only the
               K + 1 rows a walk can visit are read (G = 64, N = 64: ~1/64 of the logits).
 
@@ -29,6 +32,9 @@ SAMPLING = ("temperature", "top_k", "top_p", "seed", "position")
 class Knobs:
     every_slot_blocks_per_sm: int = knob(4, "draw every slot at once when its G * N clusters need at most this many "
                                             "blocks per multiprocessor (0: always walk)")
+    six_block_waves: int = knob(2, "the every-slot path in clusters of six blocks, one a multiprocessor "
+                                   "(kdt_tree_sample_slots6), where they take at most this many waves; beyond, "
+                                   "clusters of eight at two a multiprocessor (0: always eight)")
 
 
 def every_slot(groups: int, slots: int, target: Target, knobs: Knobs) -> bool:
@@ -53,9 +59,15 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
         return LaunchPlan("tree-sample", "walk: one cluster per request draws the slots it visits", (walk,),
                           facts=facts, knobs=knobs)
     draws = groups * slots * 8  # one 64-bit entry per slot
-    launch = KernelLaunch("kdt_tree_sample_slots", (groups * slots * cluster, 1, 1), threads,
+    six = target.constant(PREFIX + "slots6_cluster")
+    if groups * slots * six <= knobs.six_block_waves * target.multiprocessors:
+        function, cluster, per_sm = "kdt_tree_sample_slots6", six, 1
+        facts = (("blocks per draw", cluster),)
+    else:
+        function, per_sm = "kdt_tree_sample_slots", target.constant(PREFIX + "slots_blocks_per_sm")
+    launch = KernelLaunch(function, (groups * slots * cluster, 1, 1), threads,
                           (*row, "token", "first_child", "next_sibling", *tree, Workspace(0), Workspace(draws),
-                           *OUTPUTS), cluster=cluster, blocks_per_sm=target.constant(PREFIX + "slots_blocks_per_sm"))
+                           *OUTPUTS), cluster=cluster, blocks_per_sm=per_sm)
     return LaunchPlan("tree-sample", "every slot: all reachable slots drawn at once, the last walks", (launch,),
                       workspace_bytes=draws + groups * 4, facts=facts + (("rows drawn at once", groups * slots),),
                       knobs=knobs)

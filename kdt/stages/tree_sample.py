@@ -254,47 +254,56 @@ def bench_shapes(quick: bool):
     above the bulk for the first, 2 less per later sibling), so that walks accept drafts as they do in decoding.
     Bytes: one row per request, the fewest a walk reads (the root's); what a walk reads beyond it depends on the
     draws, and the every-slot path reads every row on purpose."""
+    shapes = [_bench_shape("G64_N64_T1", 64, 63, 1.0, 0, 1.0), _bench_shape("G1_N16_T0.7_topp0.95", 1, 15, 0.7, 0, 0.95)]
+    if not quick:
+        shapes += [_bench_shape("G64_N64_T1_topk20_topp0.95", 64, 63, 1.0, 20, 0.95),
+                   _bench_shape("G64_N64_T1_topp0.9", 64, 63, 1.0, 0, 0.9),
+                   _bench_shape("G64_N64_T1_flat", 64, 63, 1.0, 0, 1.0, rows_like="flat"),
+                   _bench_shape("G64_N64_T1_drafts", 64, 63, 1.0, 0, 1.0, rows_like="drafts lead"),
+                   _bench_shape("G1_N16_T0.7_topp0.95_drafts", 1, 15, 0.7, 0, 0.95, rows_like="drafts lead")]
+    return shapes
+
+
+def tp8_bench_shapes(quick: bool):
+    """`--set tp8`: the deployment's small batches (issue 17), where a step's latency is one every-slot launch:
+    G in {1, 4}, N in {8, 16, 32, 64}, temperature 0.7 with top-p 0.95, the drafts leading (walks accept drafts
+    as in decoding). Bytes as in the default set: one row per request."""
+    sizes = ((1, 16), (4, 16)) if quick else ((1, 8), (1, 16), (1, 32), (1, 64), (4, 8), (4, 16))
+    return [_bench_shape(f"G{groups}_N{slots}_T0.7_topp0.95_drafts", groups, slots - 1, 0.7, 0, 0.95,
+                         rows_like="drafts lead") for groups, slots in sizes]
+
+
+def _bench_shape(name, groups, budget, temperature, top_k, top_p, rows_like="random leads"):
+    """One bench shape over vocab 163840 in bf16 (bench_shapes says what `rows_like` makes)."""
     from kdt.bench import BenchShape, device_bf16, upload_host
 
-    vocab = 163840
+    vocab, slots = 163840, budget + 1
 
-    def shape(name, groups, budget, temperature, top_k, top_p, rows_like="random leads"):
-        slots = budget + 1
+    def make(cp):
+        tree = _tokens_mod(drafted_tree(np.random.default_rng(budget), groups, 15, 8, budget), vocab)
+        host = {key: np.ascontiguousarray(tree[key], np.int32) for key in (*TREE_INPUTS, "n_nodes")}
+        host.update(sampling_inputs([temperature] * groups, [top_k] * groups, [top_p] * groups,
+                                    list(range(groups)), seed=[12345] * groups))
+        device = upload_host(cp, host)
+        rng = cp.random.default_rng(7)
+        logits = (cp.zeros((groups, slots, vocab), cp.float32) if rows_like == "flat"
+                  else rng.standard_normal((groups, slots, vocab), dtype=cp.float32))
+        flat_rows = logits.reshape(groups * slots, vocab)
+        if rows_like == "random leads":
+            rows = cp.arange(groups * slots)[:, None]
+            lead = rng.integers(0, vocab, (groups * slots, 4))
+            flat_rows[rows, lead] += 10 + 10 * rng.random((groups * slots, 4), dtype=cp.float32)
+        elif rows_like == "drafts lead":
+            row, token, lead = _draft_leads(tree, np.random.default_rng(budget + 1), vocab)
+            flat_rows[cp.asarray(row), cp.asarray(token)] += cp.asarray(lead)
+        device["target_logits"] = device_bf16(cp, logits)
+        return device
 
-        def make(cp):
-            tree = _tokens_mod(drafted_tree(np.random.default_rng(budget), groups, 15, 8, budget), vocab)
-            host = {key: np.ascontiguousarray(tree[key], np.int32) for key in (*TREE_INPUTS, "n_nodes")}
-            host.update(sampling_inputs([temperature] * groups, [top_k] * groups, [top_p] * groups,
-                                        list(range(groups)), seed=[12345] * groups))
-            device = upload_host(cp, host)
-            rng = cp.random.default_rng(7)
-            logits = (cp.zeros((groups, slots, vocab), cp.float32) if rows_like == "flat"
-                      else rng.standard_normal((groups, slots, vocab), dtype=cp.float32))
-            flat_rows = logits.reshape(groups * slots, vocab)
-            if rows_like == "random leads":
-                rows = cp.arange(groups * slots)[:, None]
-                lead = rng.integers(0, vocab, (groups * slots, 4))
-                flat_rows[rows, lead] += 10 + 10 * rng.random((groups * slots, 4), dtype=cp.float32)
-            elif rows_like == "drafts lead":
-                row, token, lead = _draft_leads(tree, np.random.default_rng(budget + 1), vocab)
-                flat_rows[cp.asarray(row), cp.asarray(token)] += cp.asarray(lead)
-            device["target_logits"] = device_bf16(cp, logits)
-            return device
-
-        layout = {**{key: ((groups, slots), "int32") for key in TREE_INPUTS}, "n_nodes": ((groups,), "int32"),
-                  "target_logits": ((groups, slots, vocab), "bfloat16"), "temperature": ((groups,), "float32"),
-                  "top_k": ((groups,), "int32"), "top_p": ((groups,), "float32"), "seed": ((groups,), "uint64"),
-                  "position": ((groups,), "int64")}
-        return BenchShape(name, make, {"max_depth": 15}, layout, groups * vocab * 2, cpu_baseline=False)
-
-    shapes = [shape("G64_N64_T1", 64, 63, 1.0, 0, 1.0), shape("G1_N16_T0.7_topp0.95", 1, 15, 0.7, 0, 0.95)]
-    if not quick:
-        shapes += [shape("G64_N64_T1_topk20_topp0.95", 64, 63, 1.0, 20, 0.95),
-                   shape("G64_N64_T1_topp0.9", 64, 63, 1.0, 0, 0.9),
-                   shape("G64_N64_T1_flat", 64, 63, 1.0, 0, 1.0, rows_like="flat"),
-                   shape("G64_N64_T1_drafts", 64, 63, 1.0, 0, 1.0, rows_like="drafts lead"),
-                   shape("G1_N16_T0.7_topp0.95_drafts", 1, 15, 0.7, 0, 0.95, rows_like="drafts lead")]
-    return shapes
+    layout = {**{key: ((groups, slots), "int32") for key in TREE_INPUTS}, "n_nodes": ((groups,), "int32"),
+              "target_logits": ((groups, slots, vocab), "bfloat16"), "temperature": ((groups,), "float32"),
+              "top_k": ((groups,), "int32"), "top_p": ((groups,), "float32"), "seed": ((groups,), "uint64"),
+              "position": ((groups,), "int64")}
+    return BenchShape(name, make, {"max_depth": 15}, layout, groups * vocab * 2, cpu_baseline=False)
 
 
 def _draft_leads(tree: dict, rng: np.random.Generator, vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -360,4 +369,5 @@ SPEC = StageSpec(
     check_launch=check_launch,
     bench_shapes=bench_shapes,
     torch_baseline=torch_baseline,
+    bench_sets={"tp8": tp8_bench_shapes},
 )

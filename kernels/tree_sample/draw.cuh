@@ -1,4 +1,4 @@
-// kernels/tree_sample/draw.cuh -- one draw of the contract's sample(g, i, p) by a cluster of CLUSTER blocks, each
+// kernels/tree_sample/draw.cuh -- one draw of the contract's sample(g, i, p) by a cluster of S::CLUSTER blocks (S: the Shape), each
 // block a chunk of the row. temperature 0: the argmax. Otherwise z = x * (1 / temperature); top-k and top-p each
 // reduce to a threshold in the draw's order (the kept set is a prefix of z descending, id ascending), found by
 // histogram levels over the cluster (0.5-nat bins below the row max, then 8-bit digits of z's key, then of the id)
@@ -68,11 +68,11 @@ struct Smem {
     unsigned long long total_mass[BINS];
     unsigned long long warp_value[WARPS];
     uint32_t n_merged;                    // merge_listed's count
-    uint32_t listed[CLUSTER * WARPS];     // the near lists to read, in order: (first token << 12) | (list << 5) | length
+    uint32_t listed[CLUSTER_MAX * WARPS];     // the near lists to read, in order: (first token << 12) | (list << 5) | length
     uint32_t listed_lists, listed_total;  // how many lists, and tokens in all
     unsigned long long near_verdict;      // warp 0's verdict on top-p's near draw: (NearVerdict << 32) | token
     float row_max, row_mass;              // top-p alone: the row's largest logit and mass, from the first exchange
-    uint32_t offset[CLUSTER + 1];         // gather_and_sort: where each block's tokens start in merged
+    uint32_t offset[CLUSTER_MAX + 1];         // gather_and_sort: where each block's tokens start in merged
     int next, next_depth;                 // the walk's next slot and depth, from thread 0
     uint32_t walks;                       // the every-slot path: this cluster is its request's last, it walks
     unsigned long long decided;           // the block's result of a cut or a draw, for all its threads
@@ -82,7 +82,7 @@ struct Smem {
 };
 
 // What one draw works on; identical in every block of the cluster.
-template <typename Tin>
+template <typename Tin, class S>
 struct Draw {
     const Tin* row;
     int begin, end;                       // this block's chunk
@@ -157,8 +157,8 @@ __device__ __forceinline__ float warp_max(float v) {
 // commutative (both lanes of a butterfly get the same value) gives every block the same result. Each block's own
 // value stays in s.pub_value[buffer] for the others, buffer = (d.round before the call) & 1.
 // cluster_publish is its first half: the block's value published, up to the cluster barrier; returns the buffer.
-template <typename Tin, class Merge>
-__device__ int cluster_publish(unsigned long long v, unsigned long long identity, Merge merge, Draw<Tin>& d,
+template <typename Tin, class S, class Merge>
+__device__ int cluster_publish(unsigned long long v, unsigned long long identity, Merge merge, Draw<Tin, S>& d,
                                Smem& s) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int buffer = d.round++ & 1;
@@ -173,13 +173,13 @@ __device__ int cluster_publish(unsigned long long v, unsigned long long identity
     return buffer;
 }
 
-template <typename Tin, class Merge>
+template <typename Tin, class S, class Merge>
 __device__ unsigned long long cluster_reduce(unsigned long long v, unsigned long long identity, Merge merge,
-                                             Draw<Tin>& d, Smem& s) {
+                                             Draw<Tin, S>& d, Smem& s) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int buffer = cluster_publish(v, identity, merge, d, s);
     if (warp == 0) {
-        v = warp_reduce(lane < CLUSTER ? kdt::load_from_block(&s.pub_value[buffer], lane) : identity, merge);
+        v = warp_reduce(lane < S::CLUSTER ? kdt::load_from_block(&s.pub_value[buffer], lane) : identity, merge);
         if (lane == 0) s.warp_value[0] = v;
     }
     __syncthreads();
@@ -189,8 +189,8 @@ __device__ unsigned long long cluster_reduce(unsigned long long v, unsigned long
 }
 
 // The largest v over the cluster, in every thread.
-template <typename Tin>
-__device__ unsigned long long cluster_max(unsigned long long v, Draw<Tin>& d, Smem& s) {
+template <typename Tin, class S>
+__device__ unsigned long long cluster_max(unsigned long long v, Draw<Tin, S>& d, Smem& s) {
     return cluster_reduce(v, 0ull, max_of, d, s);
 }
 
@@ -229,8 +229,8 @@ __device__ __forceinline__ void histogram_add(Smem& s, int bin, uint32_t q, bool
 // looks at, summed over the blocks (exact integers: every block holds the same totals), then the bin where the
 // running count reaches need_count, or the running mass reaches need_mass (at level 0: top_p, a fraction of the
 // level's whole mass): s.cut_bin, s.cut_count, s.before_count, s.before_mass, s.all_mass.
-template <bool BY_MASS, typename Tin>
-__device__ void histogram_level(const Filter& f, int level, uint32_t need_count, double need_mass, Draw<Tin>& d,
+template <bool BY_MASS, typename Tin, class S>
+__device__ void histogram_level(const Filter& f, int level, uint32_t need_count, double need_mass, Draw<Tin, S>& d,
                                 Smem& s) {
     const int bins = level == 0 ? NATS_BINS : BINS;
     for (int i = threadIdx.x; i < COPIES * BINS; i += THREADS) {
@@ -240,7 +240,7 @@ __device__ void histogram_level(const Filter& f, int level, uint32_t need_count,
     }
     __syncthreads();
     const float z_max = d.z_max, inv_t = d.inv_temperature;
-    for_each_logit(d.row, d.begin, d.end, [&](int t, float x, bool live) {
+    for_each_logit<S::UNROLL>(d.row, d.begin, d.end, [&](int t, float x, bool live) {
         const float z = x * inv_t;
         const int bin = live ? bin_of(f, level, t, z, z_max) : -1;
         histogram_add<BY_MASS>(s, bin, BY_MASS && bin >= 0 ? fixed_mass(z, z_max) : 0u, bin >= 0);
@@ -260,17 +260,17 @@ __device__ void histogram_level(const Filter& f, int level, uint32_t need_count,
     }
     cluster_barrier();
     for (int b = threadIdx.x; b < bins; b += THREADS) {
-        uint32_t c[CLUSTER];
-        unsigned long long m[CLUSTER];
+        uint32_t c[S::CLUSTER];
+        unsigned long long m[S::CLUSTER];
 #pragma unroll
-        for (uint32_t r = 0; r < CLUSTER; ++r) {  // all loads first: one round trip of distributed shared memory
+        for (uint32_t r = 0; r < S::CLUSTER; ++r) {  // all loads first: one round trip of distributed shared memory
             c[r] = kdt::load_from_block(&s.pub_count[buffer][b], r);
             m[r] = BY_MASS ? kdt::load_from_block(&s.pub_mass[buffer][b], r) : 0ull;
         }
         uint32_t count = 0;
         unsigned long long mass = 0;
 #pragma unroll
-        for (int r = 0; r < CLUSTER; ++r) {
+        for (int r = 0; r < S::CLUSTER; ++r) {
             count += c[r];
             mass += m[r];
         }
@@ -372,16 +372,17 @@ __device__ __forceinline__ void sort_merged(uint32_t n, Smem& s) {
 // counted more than CAP in all (then nothing is copied). Every block runs it and gets the same list: each decides for
 // itself what rank 0 would otherwise send (no verdict round, no barrier after it). The next writes to cand and n_cand
 // come after another cluster barrier (the next exchange), so the reads here are safe.
+template <class S>
 __device__ uint32_t gather_all(Smem& s) {
-    if (threadIdx.x < 32) {  // lane r asks rank r: one round trip of distributed shared memory, not CLUSTER
+    if (threadIdx.x < 32) {  // lane r asks rank r: one round trip of distributed shared memory, not one a block
         const uint32_t lane = threadIdx.x;
-        const uint32_t n = lane < CLUSTER ? min(kdt::load_from_block(&s.n_cand, lane), CAP + 1u) : 0u;
+        const uint32_t n = lane < S::CLUSTER ? min(kdt::load_from_block(&s.n_cand, lane), CAP + 1u) : 0u;
         const uint32_t through = kdt::warp_inclusive_scan(n);
-        if (lane < CLUSTER) s.offset[lane] = through - n;
-        if (lane == CLUSTER - 1) s.offset[CLUSTER] = through;
+        if (lane < S::CLUSTER) s.offset[lane] = through - n;
+        if (lane == S::CLUSTER - 1) s.offset[S::CLUSTER] = through;
     }
     __syncthreads();
-    const uint32_t n = s.offset[CLUSTER];
+    const uint32_t n = s.offset[S::CLUSTER];
     if (n > CAP) return CAP + 1;
     for (uint32_t i = threadIdx.x; i < n; i += THREADS) {  // each thread one token, whichever block holds it
         uint32_t r = 0;
@@ -393,8 +394,9 @@ __device__ uint32_t gather_all(Smem& s) {
 }
 
 // The same, sorted (packed, descending) into s.list.sorted.
+template <class S>
 __device__ uint32_t gather_and_sort(Smem& s) {
-    const uint32_t n = gather_all(s);
+    const uint32_t n = gather_all<S>(s);
     if (n <= CAP) sort_merged(n, s);
     return n;
 }
@@ -402,18 +404,18 @@ __device__ uint32_t gather_and_sort(Smem& s) {
 // The tokens with in_set(t, z) from every block (at most CAP in all), sorted in every block, and the threshold:
 // BY_MASS false, the need_count-th; BY_MASS, the first whose running fixed-point mass reaches need_mass (where it
 // never does, the need being all of their mass, the last). Every block gets the same value (0: none gathered).
-template <bool BY_MASS, typename Tin, class In>
-__device__ unsigned long long gather_cut(In in_set, uint32_t need_count, double need_mass, Draw<Tin>& d, Smem& s) {
+template <bool BY_MASS, typename Tin, class S, class In>
+__device__ unsigned long long gather_cut(In in_set, uint32_t need_count, double need_mass, Draw<Tin, S>& d, Smem& s) {
     if (threadIdx.x == 0) s.n_cand = 0u;
     __syncthreads();
     const float z_max = d.z_max, inv_t = d.inv_temperature;
-    for_each_logit(d.row, d.begin, d.end, [&](int t, float x, bool live) {
+    for_each_logit<S::UNROLL>(d.row, d.begin, d.end, [&](int t, float x, bool live) {
         const float z = x * inv_t;
         const bool in = live && in_set(t, z);
         append_candidate(s, t, z, in);
     });
     cluster_barrier();
-    const uint32_t gathered = gather_and_sort(s);
+    const uint32_t gathered = gather_and_sort<S>(s);
     const uint32_t n = gathered <= CAP ? gathered : 0u;  // more than CAP: callers gather only when they fit
     if (threadIdx.x < 32) {
         uint32_t pick = n ? n - 1 : 0;
@@ -433,9 +435,9 @@ __device__ unsigned long long gather_cut(In in_set, uint32_t need_count, double 
 
 // The threshold of a filter (kept: packed >= it) among the tokens >= floor: the need_count-th token of the order
 // (top-k, BY_MASS false), or the first whose running mass reaches top_p of theirs (top-p). All blocks get it.
-template <bool BY_MASS, typename Tin>
+template <bool BY_MASS, typename Tin, class S>
 __device__ unsigned long long select_threshold(unsigned long long floor, uint32_t need_count, float top_p,
-                                               Draw<Tin>& d, Smem& s) {
+                                               Draw<Tin, S>& d, Smem& s) {
     Filter f{floor, 0, 0u, 0u, 0u, 0u};
     double need_mass = top_p;
     for (int level = 0; level < LEVELS; ++level) {
@@ -485,10 +487,10 @@ __device__ __forceinline__ float vector_max(const uint4& w, const float*) {
 }
 
 // The largest logit of this block's chunk.
-template <typename Tin>
-__device__ __forceinline__ float chunk_max(const Draw<Tin>& d) {
+template <typename Tin, class S>
+__device__ __forceinline__ float chunk_max(const Draw<Tin, S>& d) {
     float best = -__builtin_huge_valf();
-    for_each_vector(
+    for_each_vector<S::UNROLL>(
         d.row, d.begin, d.end,
         [&](int, const uint4& w, bool live) {
             if (live) best = fmaxf(best, vector_max(w, d.row));
@@ -525,8 +527,8 @@ __device__ __forceinline__ MaxSum merged_mass(MaxSum a, MaxSum b, float to_log2)
 // far, at most NEAR_PER_WARP, and publishes that logit and how many it had in s.near_head[buffer]. A warp's largest
 // logit is at most the row's, so its list holds every token of the warp within NEAR_NATS of the row max; a warp
 // whose largest logit is further below is not read (merge_near). No block barrier: each warp goes at its own pace.
-template <typename Tin>
-__device__ __forceinline__ MaxSum chunk_max_sum_near(const Draw<Tin>& d, float to_log2, int buffer, Smem& s) {
+template <typename Tin, class S>
+__device__ __forceinline__ MaxSum chunk_max_sum_near(const Draw<Tin, S>& d, float to_log2, int buffer, Smem& s) {
     constexpr int PER = 16 / static_cast<int>(sizeof(Tin));
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float inv_t = d.inv_temperature;
@@ -548,12 +550,12 @@ __device__ __forceinline__ MaxSum chunk_max_sum_near(const Draw<Tin>& d, float t
         if (in && slot < NEAR_PER_WARP) s.near[buffer][warp][slot] = packed(order_key(z), token);
         kept += __popc(lanes);
     };
-    for_each_batch(
+    for_each_batch<S::UNROLL>(
         d.row, d.begin, d.end,
-        [&](int first, uint4 (&w)[UNROLL], int vectors) {
+        [&](int first, uint4 (&w)[S::UNROLL], int vectors) {
             float top = -__builtin_huge_valf();
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
+            for (int u = 0; u < S::UNROLL; ++u) {
                 const float m = vector_max(w[u], d.row);
                 if (first + u * THREADS + static_cast<int>(threadIdx.x) >= vectors || !(m > -__builtin_huge_valf()))
                     continue;
@@ -566,7 +568,7 @@ __device__ __forceinline__ MaxSum chunk_max_sum_near(const Draw<Tin>& d, float t
             warp_top = fmaxf(warp_top, warp_max(top));
             const float z_near = warp_top * inv_t - NEAR_NATS, x_near = near_logit(z_near, inv_t);
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
+            for (int u = 0; u < S::UNROLL; ++u) {
                 const int i = first + u * THREADS + static_cast<int>(threadIdx.x);
                 const bool near = i < vectors && vector_max(w[u], d.row) >= x_near;
                 if (kept > NEAR_PER_WARP || __ballot_sync(0xffffffffu, near) == 0u) continue;
@@ -689,15 +691,15 @@ __device__ int decide_near(uint32_t n, double need, float z_max, uint2 key, uint
 
 // Warp 0, right after the first exchange (buffer: its): the row's max and mass, the near tokens from the lists, and
 // where warp 0 can, the draw; its verdict for the block in s.near_verdict, the row in s.row_max and s.row_mass.
-template <typename Tin, class PositionOf>
+template <typename Tin, class S, class PositionOf>
 __device__ void near_from_lists(int buffer, float to_log2, float top_p, uint2 key, PositionOf& position_of,
-                                const Draw<Tin>& d, Smem& s) {
-    constexpr int HEADS = CLUSTER * WARPS / 32;
-    static_assert(HEADS * 32 == CLUSTER * WARPS, "lists");
+                                const Draw<Tin, S>& d, Smem& s) {
+    constexpr int HEADS = S::CLUSTER * WARPS / 32;
+    static_assert(HEADS * 32 == S::CLUSTER * WARPS, "lists");
     const uint32_t lane = threadIdx.x;
     // one round trip: every block's (max, mass) and every list's head
     const unsigned long long mine =
-        lane < CLUSTER ? kdt::load_from_block(&s.pub_value[buffer], lane) : pack_max_sum({-__builtin_huge_valf(), 0.f});
+        lane < S::CLUSTER ? kdt::load_from_block(&s.pub_value[buffer], lane) : pack_max_sum({-__builtin_huge_valf(), 0.f});
     unsigned long long head[HEADS];  // lane l's lists: HEADS * l .. HEADS * l + HEADS - 1
 #pragma unroll
     for (int k = 0; k < HEADS; ++k) {
@@ -758,13 +760,13 @@ __device__ void near_from_lists(int buffer, float to_log2, float top_p, uint2 ke
 }
 
 // The near tokens by a second pass over the chunk (from L2), into s.list.merged in every block: how many, or CAP + 1.
-template <typename Tin>
-__device__ uint32_t near_gather(Draw<Tin>& d, Smem& s) {
+template <typename Tin, class S>
+__device__ uint32_t near_gather(Draw<Tin, S>& d, Smem& s) {
     if (threadIdx.x == 0) s.n_cand = 0u;
     __syncthreads();
     const float z_max = d.z_max, inv_t = d.inv_temperature, z_near = z_max - NEAR_NATS;
     const float x_near = near_logit(z_near, inv_t);  // whole vectors below it hold no candidate
-    for_each_vector(
+    for_each_vector<S::UNROLL>(
         d.row, d.begin, d.end,
         [&](int t0, const uint4& w, bool live) {
             const bool near = live && vector_max(w, d.row) >= x_near;
@@ -781,13 +783,13 @@ __device__ uint32_t near_gather(Draw<Tin>& d, Smem& s) {
             append_candidate(s, t, z, live && z >= z_near);
         });
     cluster_barrier();
-    return gather_all(s);
+    return gather_all<S>(s);
 }
 
 // The block's chunk into L2, by the bulk-copy engine (nothing to wait for), before the first pass: the later passes
 // read it from there.
-template <typename Tin>
-__device__ __forceinline__ void prefetch_chunk(const Draw<Tin>& d) {
+template <typename Tin, class S>
+__device__ __forceinline__ void prefetch_chunk(const Draw<Tin, S>& d) {
     const uint32_t bytes = static_cast<uint32_t>(d.end - d.begin) * sizeof(Tin) & ~15u;
     if (threadIdx.x == 0 && bytes && (reinterpret_cast<uintptr_t>(d.row + d.begin) & 15u) == 0)
         kdt::bulk_prefetch_l2(d.row + d.begin, bytes);
@@ -796,8 +798,8 @@ __device__ __forceinline__ void prefetch_chunk(const Draw<Tin>& d) {
 // The token drawn from the row (every thread of every block of the cluster gets it), or -1 where position_of()
 // says NO_POSITION. position_of() runs after the first exchange's block barrier (on top-p's near path, in warp 0
 // right after the exchange) and gives the draw's position, the same in every block.
-template <typename Tin, class PositionOf>
-__device__ int draw(Draw<Tin>& d, float temperature, int top_k, float top_p, uint64_t seed, PositionOf&& position_of,
+template <typename Tin, class S, class PositionOf>
+__device__ int draw(Draw<Tin, S>& d, float temperature, int top_k, float top_p, uint64_t seed, PositionOf&& position_of,
                     int vocab, Smem& s) {
     const bool greedy = temperature == 0.f;
     const float inv_t = d.inv_temperature;
@@ -814,7 +816,7 @@ __device__ int draw(Draw<Tin>& d, float temperature, int top_k, float top_p, uin
         // the first token of the order (the argmax), by max of packed (key, ~id) values: the greedy draw, and
         // with temperature alone the tightest bound, that token's own score
         unsigned long long first = 0ull;
-        for_each_logit(d.row, d.begin, d.end, [&](int t, float x, bool live) {
+        for_each_logit<S::UNROLL>(d.row, d.begin, d.end, [&](int t, float x, bool live) {
             const unsigned long long v = live ? packed(order_key(greedy ? x : x * inv_t), t) : 0ull;
             first = v > first ? v : first;
         });
@@ -874,7 +876,7 @@ __device__ int draw(Draw<Tin>& d, float temperature, int top_k, float top_p, uin
     unsigned long long best = 0ull;
     int cached_quad = -1;
     uint4 words = make_uint4(0u, 0u, 0u, 0u);
-    for_each_logit(d.row, d.begin, d.end, [&](int t, float x, bool live) {
+    for_each_logit<S::UNROLL>(d.row, d.begin, d.end, [&](int t, float x, bool live) {
         const float z = x * inv_t;
         if (!live || !(z + kdt::GUMBEL_MAX >= best_score) || packed(order_key(z), t) < threshold) return;
         if ((t >> 2) != cached_quad) {

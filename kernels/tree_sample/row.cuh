@@ -11,8 +11,17 @@ namespace ts {
 
 constexpr int THREADS = 512;
 constexpr int WARPS = THREADS / 32;
-constexpr int CLUSTER = 8;           // blocks per row: sm_120's portable cluster size, on every arch
-constexpr int UNROLL = 5;            // 16-byte loads in flight per thread: a bf16 chunk at vocab 163840 in one batch
+constexpr int CLUSTER_MAX = 8;       // the largest cluster (sm_120's portable size): shared arrays are sized for it
+
+// A draw's cluster shape: CLUSTER blocks per row, UNROLL 16-byte loads in flight per thread (a bf16 chunk at vocab
+// 163840 in one batch).
+template <int CLUSTER_, int UNROLL_>
+struct Shape {
+    static constexpr int CLUSTER = CLUSTER_, UNROLL = UNROLL_;
+    static_assert(CLUSTER <= CLUSTER_MAX, "cluster shape");
+};
+using Eight = Shape<8, 5>;           // the walk, and the every-slot path where its clusters share no multiprocessor
+using Six = Shape<6, 7>;             // the every-slot path where eight-block clusters would share multiprocessors
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(uint16_t bits) { return kdt::bits_to_float(static_cast<uint32_t>(bits) << 16); }
@@ -41,7 +50,7 @@ __device__ __forceinline__ float element(const uint4& v, int k, const uint16_t*)
 // THREADS + thread, zero past `vectors`); then scalar(t, x, live) for the rest, one logit at a time. Trip counts
 // are the same for every thread of the block (`live` says whether a thread's item is real), so both may use
 // warp-wide primitives.
-template <typename Tin, class Batch, class Scalar>
+template <int UNROLL, typename Tin, class Batch, class Scalar>
 __device__ __forceinline__ void for_each_batch(const Tin* __restrict__ row, int begin, int end, Batch&& batch,
                                                Scalar&& scalar) {
     constexpr int PER = 16 / static_cast<int>(sizeof(Tin));
@@ -69,10 +78,10 @@ __device__ __forceinline__ void for_each_batch(const Tin* __restrict__ row, int 
 // pass(t, x, live) for every logit t in [begin, end) of `row`, x as float32 (lanes past the end: live = false).
 // The loops over a batch are kept rolled (the batch shifts through w[0]) so that each pass is compiled twice, not
 // UNROLL x 8 times: the draw's passes then fit the instruction cache.
-template <typename Tin, class Pass>
+template <int UNROLL, typename Tin, class Pass>
 __device__ __forceinline__ void for_each_logit(const Tin* __restrict__ row, int begin, int end, Pass&& pass) {
     constexpr int PER = 16 / static_cast<int>(sizeof(Tin));
-    for_each_batch(
+    for_each_batch<UNROLL>(
         row, begin, end,
         [&](int first, uint4 (&w)[UNROLL], int vectors) {
 #pragma unroll 1
@@ -91,11 +100,11 @@ __device__ __forceinline__ void for_each_logit(const Tin* __restrict__ row, int 
 // vector(t0, w, live) for every whole 16-byte vector of [begin, end) (logits t0 .. t0 + PER - 1), then scalar(t,
 // x, live) for the rest; where row + begin is not 16-byte aligned, scalar for all. For passes cheap enough per
 // logit that a vector's worth of work should be one body.
-template <typename Tin, class Vector, class Scalar>
+template <int UNROLL, typename Tin, class Vector, class Scalar>
 __device__ __forceinline__ void for_each_vector(const Tin* __restrict__ row, int begin, int end, Vector&& vector,
                                                 Scalar&& scalar) {
     constexpr int PER = 16 / static_cast<int>(sizeof(Tin));
-    for_each_batch(
+    for_each_batch<UNROLL>(
         row, begin, end,
         [&](int first, uint4 (&w)[UNROLL], int vectors) {
 #pragma unroll
