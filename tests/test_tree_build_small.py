@@ -4,9 +4,9 @@ per lane), modelled lane by lane in numpy, against the heapq reference.
 Each numpy array of [SETS, 32] entries is one register per set across the 32 lanes of warp 0; the loop's
 statements follow small_build's in order (the REDUX over each lane's larger key before apply, the late merge of the
 newborn's key, one ballot per set with set 1 winning only where set 0's is empty, the shuffle from lane wl % 32,
-steps past B as no-ops, groups of kSmallUnroll steps), so CI checks the algorithm and its tie-breaks on many inputs
-(ties, -inf, zero and positive log-probs, deep greedy chains), and the finalize's set-wise sibling logic. The GPU
-tests check the kernel itself against the reference on the same kinds of input."""
+steps past B as no-ops, groups of kSmallUnroll steps, then of kSmallUnrollTwoSets), so CI checks the algorithm and
+its tie-breaks on many inputs (ties, -inf, zero and positive log-probs, deep greedy chains), and the finalize's
+set-wise sibling logic. The GPU tests check the kernel itself against the reference on the same kinds of input."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pytest
 from kdt.refs.tree_build import tree_build
 
 LANES = 32
-UNROLL = 4          # kSmallUnroll
+UNROLL = 4          # kSmallUnroll: steps 1-32
+UNROLL_TWO_SETS = 8 # kSmallUnrollTwoSets: steps 33-63
 LP0_LEN = 72        # kLp0Len
 F32 = np.float32
 
@@ -127,8 +128,15 @@ def small_build(top_logp: np.ndarray, top_ids: np.ndarray, B: int) -> dict:
         st["bal"] = bal
         st["sp"] = s
 
-    for s0 in range(1, B + 1, UNROLL):
+    more = True
+    for s0 in range(1, min(B, 32) + 1, UNROLL):
         for u in range(UNROLL):
+            step(s0 + u)
+        if st["bal"] == 0:
+            more = False
+            break
+    for s0 in range(33, B + 1, UNROLL_TWO_SETS) if more else ():
+        for u in range(UNROLL_TWO_SETS):
             step(s0 + u)
         if st["bal"] == 0:
             break

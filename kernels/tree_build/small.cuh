@@ -21,7 +21,8 @@ namespace {
 // V == 1) in the bytes of ent and logw, which it does not use; fc where the serial loop keeps it; lp0 in the
 // layout's header; lp and ids in region x; with two sets, the finalize's per-parent records in `last` and `rec`.
 static_assert(4 * kLp0Len <= off_last(32), "small path: lp1 must fit in ent and logw of P = 32");
-constexpr int kSmallUnroll = 4;     // steps per basic block of the loop
+constexpr int kSmallUnroll = 4;     // steps per basic block of the loop: steps 1-32 (one set)
+constexpr int kSmallUnrollTwoSets = 8;  // steps 33-63 (two sets): longer blocks schedule better there
 
 // How the small path keys a score (larger score, larger key; a dead entry's key is below every live one). The
 // general keys (score_key / key_score) cost ~4 and 2 instructions a conversion, a step makes ~5 a set. When every
@@ -248,8 +249,8 @@ __device__ __forceinline__ void small_loop(const float* lp0, const float* lp1, c
         sp = s;
     };
 
-    // Groups of kSmallUnroll steps in one basic block, so the scheduler can start each REDUX right after the
-    // select it depends on; the build stops after a group whose last step took nothing.
+    // Groups of kSmallUnroll (then kSmallUnrollTwoSets) steps in one basic block, so the scheduler can start each
+    // REDUX right after the select it depends on; the build stops after a group whose last step took nothing.
     using One = std::integral_constant<int, 1>;
     using All = std::integral_constant<int, SETS>;
     static_assert(32 % kSmallUnroll == 0, "the phases split between groups");
@@ -263,9 +264,9 @@ __device__ __forceinline__ void small_loop(const float* lp0, const float* lp1, c
         }
     }
     if (SETS == 2 && more)
-        for (int s = 33; s <= B; s += kSmallUnroll) {
+        for (int s = 33; s <= B; s += kSmallUnrollTwoSets) {
 #pragma unroll
-            for (int u = 0; u < kSmallUnroll; ++u) step(s + u, All{});
+            for (int u = 0; u < kSmallUnrollTwoSets; ++u) step(s + u, All{});
             if (bal == 0u) break;
         }
     apply(sp, All{});      // the last step's outcome (a no-op if it took nothing)
