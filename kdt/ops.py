@@ -24,7 +24,7 @@ import numpy as np
 
 from kdt import runtime, stages
 from kdt.launch.common import run_plan
-from kdt.launch.plan import ArraySpec, LaunchPlan, Target, make_knobs
+from kdt.launch.plan import ArraySpec, LaunchPlan, Target, address_alignment, make_knobs
 from kdt.spec import OutputLayout, StageSpec
 from kdt.refs.errors import BadInput
 
@@ -120,14 +120,24 @@ def _np_dtype(layout_dtype: str):
 
 
 def _check_placement(name: str, array, device_id: int) -> None:
-    if array.device.id != device_id:
-        raise BadInput(name, f"an array on GPU {device_id} (the current device)", f"GPU {array.device.id}")
+    # array.data.device_id is array.device.id without building a Device object
+    if array.data.device_id != device_id:
+        raise BadInput(name, f"an array on GPU {device_id} (the current device)", f"GPU {array.data.device_id}")
     if not array.flags.c_contiguous:
         raise BadInput(name, "a C-contiguous array", f"strides {array.strides}")
 
 
 def _stage(stage: str | StageSpec) -> StageSpec:
     return stage if isinstance(stage, StageSpec) else stages.get(stage)
+
+
+# A layout: [(name, shape, dtype name, alignment)], one per input, in the order given: what its ArraySpec holds, as
+# a plain tuple (cheap to build, hash and compare, where a dataclass's __hash__ and __eq__ run Python code per input).
+_Layout = list[tuple[str, tuple[int, ...], str, int]]
+
+
+def _array_specs(layout: _Layout) -> dict[str, ArraySpec]:
+    return {name: ArraySpec(shape, dtype, alignment) for name, shape, dtype, alignment in layout}
 
 
 def _checked_plan(spec: StageSpec, inputs: Mapping[str, ArraySpec], params: Mapping[str, Any], target: Target,
@@ -141,9 +151,38 @@ def _checked_plan(spec: StageSpec, inputs: Mapping[str, ArraySpec], params: Mapp
 
 
 @functools.lru_cache(maxsize=4096)
-def _cached_plan(stage: str, inputs: tuple, params: tuple, target: Target, knobs: tuple) -> LaunchPlan:
+def _cached_plan(stage: str, layout: tuple, params: tuple, target: Target, knobs: tuple) -> LaunchPlan:
     # only checks that passed are cached (a BadInput propagates): the same key passes again
-    return _checked_plan(stages.get(stage), dict(inputs), dict(params), target, dict(knobs))
+    return _checked_plan(stages.get(stage), _array_specs(layout), dict(params), target, dict(knobs))
+
+
+class _Key(NamedTuple):
+    """What a call's plan and outputs depend on besides the stage and the target, sorted by name."""
+
+    layout: tuple
+    params: tuple
+    knobs: tuple
+
+
+def _key(layout: _Layout, params: Mapping[str, Any], knobs: Mapping[str, Any] | None) -> _Key | None:
+    """The cache key of a call; None where a value cannot be hashed (a list, an array): then nothing is cached."""
+    try:
+        key = _Key(tuple(sorted(layout)), tuple(sorted(params.items())), tuple(sorted(knobs.items())) if knobs else ())
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _plan(spec: StageSpec, layout: _Layout, params: Mapping[str, Any], target: Target,
+          knobs: Mapping[str, Any] | None) -> tuple[LaunchPlan, _Key | None]:
+    """plan_for on a layout: (the plan, the call's cache key)."""
+    if knobs is not None and not isinstance(knobs, Mapping):
+        raise BadInput("knobs", "a mapping of knob names to values (kdt plan STAGE lists them)", type(knobs).__name__)
+    key = _key(layout, params, knobs)
+    if key is None:
+        return _checked_plan(spec, _array_specs(layout), params, target, knobs), None
+    return _cached_plan(spec.name, key.layout, key.params, target, key.knobs), key
 
 
 def plan_for(stage: str | StageSpec, inputs: Mapping[str, ArraySpec], params: Mapping[str, Any], target: Target,
@@ -152,37 +191,45 @@ def plan_for(stage: str | StageSpec, inputs: Mapping[str, ArraySpec], params: Ma
     parameters are checked against the contract first (BadInput); a layout, parameters and knobs seen before
     reuse that check and plan (an eager call's host time)."""
     spec = _stage(stage)
-    if knobs is not None and not isinstance(knobs, Mapping):
-        raise BadInput("knobs", "a mapping of knob names to values (kdt plan STAGE lists them)", type(knobs).__name__)
-    try:
-        key = (tuple(sorted(inputs.items())), tuple(sorted(params.items())),
-               tuple(sorted(knobs.items())) if knobs else ())
-        hash(key)
-    except TypeError:   # a value that cannot be hashed (a list, an array): check and plan without the cache
-        return _checked_plan(spec, inputs, params, target, knobs)
-    return _cached_plan(spec.name, key[0], key[1], target, key[2])
+    layout = [(name, s.shape, s.dtype, s.alignment) for name, s in inputs.items()]
+    return _plan(spec, layout, params, target, knobs)[0]
 
 
-def _prepare(spec: StageSpec, inputs: Mapping[str, Any], params: Mapping[str, Any], knobs):
-    """(CuPy arrays by name, the launch plan) for one call on the current device."""
-    cp = runtime.cupy()
-    device_id = cp.cuda.Device().id
-    arrays, specs = {}, {}
+@functools.lru_cache(maxsize=4096)
+def _cached_output_layout(stage: str, layout: tuple, params: tuple) -> dict[str, OutputLayout]:
+    # made once per key (it depends on the layout's shapes and the params alone); callers only read it
+    return stages.get(stage).output_layout({name: shape for name, shape, _, _ in layout}, dict(params))
+
+
+def _output_layout(spec: StageSpec, layout: _Layout, params: Mapping[str, Any],
+                   key: _Key | None) -> dict[str, OutputLayout]:
+    """The stage's outputs for a checked layout."""
+    if key is None:
+        return spec.output_layout({name: shape for name, shape, _, _ in layout}, dict(params))
+    return _cached_output_layout(spec.name, key.layout, key.params)
+
+
+def _prepare(spec: StageSpec, inputs: Mapping[str, Any], params: Mapping[str, Any], knobs, device_id: int):
+    """(CuPy arrays by name, their layout, the launch plan, the call's cache key) for one call on `device_id`, the
+    current device."""
+    arrays, layout = {}, []
     for name, value in inputs.items():
         if value is None:
             continue
         if name not in spec.inputs:
             raise BadInput(name, f"one of the {spec.name} inputs {', '.join(spec.inputs)}", "an unknown input")
-        arrays[name], dtype = _device_array(value, name)
-        _check_placement(name, arrays[name], device_id)
-        specs[name] = ArraySpec.of(arrays[name], dtype)
-    return arrays, specs, plan_for(spec, specs, params, runtime.target(spec.name), knobs)
+        array, dtype = _device_array(value, name)
+        _check_placement(name, array, device_id)
+        arrays[name] = array
+        layout.append((name, array.shape, dtype, address_alignment(array.data.ptr)))
+    launch_plan, key = _plan(spec, layout, params, runtime.target(spec.name), knobs)
+    return arrays, layout, launch_plan, key
 
 
 def plan(stage: str | StageSpec, inputs: Mapping[str, Any], params: Mapping[str, Any], *,
          knobs: Mapping[str, Any] | None = None) -> LaunchPlan:
     """The launch plan `run` would launch for these arrays on the current GPU (print it, or assert on it)."""
-    return _prepare(_stage(stage), inputs, params, knobs)[2]
+    return _prepare(_stage(stage), inputs, params, knobs, runtime.cupy().cuda.get_device_id())[2]
 
 
 _workspaces: dict[tuple, Any] = {}
@@ -193,7 +240,7 @@ def workspace_for(stage: str | StageSpec, inputs: Mapping[str, Any], params: Map
     """The scratch memory `run` needs for these inputs (None if none): zero-filled once, then shared by every call
     that needs as many bytes (kernels leave it zero)."""
     spec = _stage(stage)
-    nbytes = _prepare(spec, inputs, params, knobs)[2].workspace_bytes
+    nbytes = _prepare(spec, inputs, params, knobs, runtime.cupy().cuda.get_device_id())[2].workspace_bytes
     return _workspace(spec, nbytes)
 
 
@@ -201,7 +248,7 @@ def _workspace(spec: StageSpec, nbytes: int):
     if nbytes == 0:
         return None
     cp = runtime.cupy()
-    key = (spec.name, cp.cuda.Device().id, nbytes)
+    key = (spec.name, cp.cuda.get_device_id(), nbytes)
     if key not in _workspaces:
         _workspaces[key] = cp.zeros(nbytes, cp.uint8)
     return _workspaces[key]
@@ -214,18 +261,19 @@ def run(stage: str | StageSpec, inputs: Mapping[str, Any], params: Mapping[str, 
     those of `out` where given, else new CuPy arrays (bf16 as `Bf16`)."""
     spec = _stage(stage)
     cp = runtime.cupy()
-    arrays, specs, launch_plan = _prepare(spec, inputs, params, knobs)
-    layout: dict[str, OutputLayout] = spec.output_layout({n: s.shape for n, s in specs.items()}, dict(params))
+    device_id = cp.cuda.get_device_id()
+    arrays, layout, launch_plan, key = _prepare(spec, inputs, params, knobs, device_id)
+    outputs_layout = _output_layout(spec, layout, params, key)
     if out is not None and hasattr(out, "_asdict"):
         out = out._asdict()
-    device_id = cp.cuda.Device().id
     outputs = {}
-    for name, want in layout.items():
+    for name, want in outputs_layout.items():
         if out is not None and name in out:
-            array, dtype = _device_array(out[name], f"out[{name!r}]")
+            argument = f"out[{name!r}]"
+            array, dtype = _device_array(out[name], argument)
             if tuple(array.shape) != want.shape or dtype != want.dtype:
-                raise BadInput(f"out[{name!r}]", f"{want.dtype} {want.shape}", f"{dtype} {tuple(array.shape)}")
-            _check_placement(f"out[{name!r}]", array, device_id)
+                raise BadInput(argument, f"{want.dtype} {want.shape}", f"{dtype} {tuple(array.shape)}")
+            _check_placement(argument, array, device_id)
             outputs[name] = array
         else:
             outputs[name] = cp.empty(want.shape, _np_dtype(want.dtype))
@@ -241,7 +289,8 @@ def run(stage: str | StageSpec, inputs: Mapping[str, Any], params: Mapping[str, 
     module = runtime.load(spec.name)
     run_plan(module, launch_plan, {**arrays, **outputs}, workspace,
              stream if stream is not None else cp.cuda.get_current_stream())
-    return {name: Bf16(array) if layout[name].dtype == "bfloat16" else array for name, array in outputs.items()}
+    return {name: Bf16(array) if outputs_layout[name].dtype == "bfloat16" else array
+            for name, array in outputs.items()}
 
 
 def topk(logits, k: int, *, out=None, workspace=None, stream=None, knobs=None) -> TopK:

@@ -96,7 +96,7 @@ def _gpu(device_id: int) -> tuple[str, int]:
 
 def gpu_arch() -> str:
     """The current GPU's compute capability as an arch name (sm_90 for 9.0)."""
-    return _gpu(cupy().cuda.Device().id)[0]
+    return _gpu(cupy().cuda.get_device_id())[0]
 
 
 def device_arch() -> str:
@@ -130,7 +130,7 @@ def multiprocessors() -> int:
     """The multiprocessor count plans are made for: the selected one, else the GPU's."""
     if _selection.multiprocessors is not None:
         return _selection.multiprocessors
-    return _gpu(cupy().cuda.Device().id)[1]
+    return _gpu(cupy().cuda.get_device_id())[1]
 
 
 @cache

@@ -3,9 +3,12 @@ shape and golden case on both arches, each path's choice, and the knobs."""
 
 from __future__ import annotations
 
+import types
+
+import numpy as np
 import pytest
 
-from kdt import build, golden, ops, stages
+from kdt import build, golden, ops, runtime, stages
 from kdt.dtypes import name as dtype_name
 from kdt.launch import topk as topk_launcher
 from kdt.launch.plan import ArraySpec, Target, make_knobs, parse_knob_options
@@ -298,3 +301,73 @@ def test_knobs_that_are_not_a_mapping_are_bad_input_and_checks_are_not_skipped_b
     for _ in range(2):
         with pytest.raises(BadInput):
             ops.plan_for("topk", logits, {"k": 2000}, target)
+
+
+class _DeviceArray:
+    """What kdt.ops reads of a CuPy array before a launch: shape, dtype, address, device and contiguity."""
+
+    def __init__(self, shape, dtype, address=1 << 30):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.data = types.SimpleNamespace(ptr=address, device_id=0)
+        self.flags = types.SimpleNamespace(c_contiguous=True)
+
+
+@pytest.fixture
+def stand_in_gpu(monkeypatch, targets) -> list:
+    """kdt.ops on _DeviceArrays with sm_90's plans: the eager path's checks, keys and caches without a GPU. Returns
+    the names of the functions launched, in order."""
+    launched = []
+
+    def get_function(name):
+        def function(grid, block, args, shared_mem=0, stream=None):
+            launched.append(name)
+
+        function.max_dynamic_shared_size_bytes = 0
+        return function
+
+    cp = types.SimpleNamespace(ndarray=_DeviceArray, uint16=np.uint16, empty=_DeviceArray,
+                               cuda=types.SimpleNamespace(get_device_id=lambda: 0, get_current_stream=lambda: None))
+    monkeypatch.setattr(runtime, "cupy", lambda: cp)
+    monkeypatch.setattr(runtime, "target", lambda kernel: targets(kernel, "sm_90"))
+    monkeypatch.setattr(runtime, "load", lambda kernel: types.SimpleNamespace(get_function=get_function))
+    return launched
+
+
+@pytest.mark.nvcc
+def test_an_eager_call_plans_afresh_for_another_alignment_dtype_shape_or_knob(stand_in_gpu, targets):
+    """kdt.ops.plan (the eager path's cached plan) is what the launcher plans for the array's layout, whatever was
+    planned before."""
+    target, base = targets("topk", "sm_90"), 1 << 20
+    calls = [(0, "float32", 163840, None), (4, "float32", 163840, None), (0, "float32", 163840, None),
+             (0, "float32", 163840, {"gate": False}), (0, "bfloat16", 163840, None), (64, "float32", 163776, None),
+             (4, "float32", 163840, {"gate": False})]
+    plans = []
+    for offset, dtype, vocab, knobs in calls:
+        address = base + offset
+        logits = _DeviceArray((1, 15, vocab), "uint16" if dtype == "bfloat16" else dtype, address)
+        plans.append(ops.plan("topk", {"logits": ops.Bf16(logits) if dtype == "bfloat16" else logits}, {"k": 64},
+                              knobs=knobs))
+        # what the launcher plans for this layout, past every cache in kdt.ops
+        spec = ArraySpec((1, 15, vocab), dtype, min(256, address & -address))
+        assert plans[-1] == topk_launcher.plan({"logits": spec}, {"k": 64}, target,
+                                               make_knobs(topk_launcher.Knobs, knobs)), (offset, dtype, vocab, knobs)
+    assert all(a != b for a, b in zip(plans, plans[1:]))   # each call changes what the plan depends on
+
+
+@pytest.mark.nvcc
+def test_an_eager_call_sizes_its_outputs_by_its_params_and_checks_out_every_time(stand_in_gpu):
+    spec = stages.get("topk")
+    logits = _DeviceArray((1, 15, 163840), "float32")
+    for k in (40, 48, 40):
+        outputs = ops.run("topk", {"logits": logits}, {"k": k})
+        want = spec.output_layout({"logits": logits.shape}, {"k": k})
+        assert {name: array.shape for name, array in outputs.items()} == {name: w.shape for name, w in want.items()}
+    # a wrong out= fails every time, before any launch, not only before a call with the right one
+    right = ops.run("topk", {"logits": logits}, {"k": 40})
+    stand_in_gpu.clear()
+    for _ in range(2):
+        with pytest.raises(BadInput) as error:
+            ops.run("topk", {"logits": logits}, {"k": 48}, out=right)
+        assert error.value.argument == "out['top_ids']" and not stand_in_gpu
+    ops.run("topk", {"logits": logits}, {"k": 40}, out=right)
+    assert len(stand_in_gpu) == 1

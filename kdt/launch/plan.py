@@ -35,12 +35,10 @@ class ArraySpec:
     dtype: str
     alignment: int = 256
 
-    @classmethod
-    def of(cls, array, dtype: str | None = None) -> "ArraySpec":
-        """The spec of a CuPy array (`dtype` overrides its numpy dtype, e.g. "bfloat16" for uint16 bits)."""
-        address = int(array.data.ptr)
-        alignment = 256 if address % 256 == 0 else address & -address
-        return cls(tuple(int(n) for n in array.shape), dtype or np.dtype(array.dtype).name, alignment)
+
+def address_alignment(address: int) -> int:
+    """The largest power of two, up to 256, that divides `address`: an ArraySpec's alignment."""
+    return 256 if address % 256 == 0 else address & -address
 
 
 @dataclass(frozen=True)
