@@ -56,7 +56,8 @@ struct Request {
 template <class S>
 __device__ __forceinline__ Request request(int g, const float* temperature, const int* top_k, const float* top_p,
                                            const unsigned long long* seed, const long long* position) {
-    return {g, blockIdx.x % S::CLUSTER, temperature[g], top_k[g], top_p[g], seed[g], static_cast<uint64_t>(position[g])};
+    return {g, blockIdx.x % S::CLUSTER, temperature[g], top_k[g], top_p[g], seed[g],
+            static_cast<uint64_t>(position[g])};
 }
 
 // This block's chunk of row `row` (a multiple of 8 logits: 16-byte aligned chunks), from shapes only: its L2
@@ -242,11 +243,12 @@ __device__ void every_slot(const Tin* logits, int vocab, const int* __restrict__
     if (!s.walks) return;  // the same in every block of the cluster
     if (q.rank != 0)       // the draws rank 0 staged
         for (int i = threadIdx.x; i < 2 * num_slots; i += THREADS)
-            tree.drawn[i] = static_cast<int>(kdt::load_from_block(reinterpret_cast<const uint32_t*>(&tree.drawn[i]), 0));
+            tree.drawn[i] =
+                static_cast<int>(kdt::load_from_block(reinterpret_cast<const uint32_t*>(&tree.drawn[i]), 0));
     kdt::cluster_sync();  // before rank 0 may leave
     __syncthreads();
-    walk<S>(logits, vocab, row0, tree.token, tree.first_child, tree.next_sibling, num_slots, max_depth, q, tree.drawn,
-         accept_len, accept_index, accept_tokens, s);
+    walk<S>(logits, vocab, row0, tree.token, tree.first_child, tree.next_sibling, num_slots, max_depth, q,
+            tree.drawn, accept_len, accept_index, accept_tokens, s);
 }
 
 }  // namespace ts
@@ -259,21 +261,24 @@ extern "C" __global__ void __cluster_dims__(ts::Eight::CLUSTER, 1, 1) __launch_b
                          const long long* __restrict__ position, int* __restrict__ accept_len,
                          int* __restrict__ accept_index, int* __restrict__ accept_tokens) {
     __shared__ ts::Smem s;
-    const ts::Request q = ts::request<ts::Eight>(static_cast<int>(blockIdx.x / ts::Eight::CLUSTER), temperature, top_k, top_p, seed,
-                                      position);
+    const ts::Request q = ts::request<ts::Eight>(static_cast<int>(blockIdx.x / ts::Eight::CLUSTER), temperature,
+                                                 top_k, top_p, seed, position);
     const size_t row0 = static_cast<size_t>(q.g) * static_cast<size_t>(num_slots);
     if (bf16)
-        ts::walk<ts::Eight>(static_cast<const uint16_t*>(target_logits), vocab, row0, token + row0, first_child + row0,
-                 next_sibling + row0, num_slots, max_depth, q, nullptr, accept_len, accept_index, accept_tokens, s);
+        ts::walk<ts::Eight>(static_cast<const uint16_t*>(target_logits), vocab, row0, token + row0,
+                            first_child + row0, next_sibling + row0, num_slots, max_depth, q, nullptr, accept_len,
+                            accept_index, accept_tokens, s);
     else
         ts::walk<ts::Eight>(static_cast<const float*>(target_logits), vocab, row0, token + row0, first_child + row0,
-                 next_sibling + row0, num_slots, max_depth, q, nullptr, accept_len, accept_index, accept_tokens, s);
+                            next_sibling + row0, num_slots, max_depth, q, nullptr, accept_len, accept_index,
+                            accept_tokens, s);
 }
 
 // Two blocks per multiprocessor (64 registers a thread): a GPC then holds twice the clusters, so that G * N draws
 // of the every-slot path start in one wave (plans/kernels/tree-sample.md, "G1 N16: where the time goes"). The plan
 // says so (KernelLaunch.blocks_per_sm), and kdt build holds two blocks' shared memory to each arch's multiprocessor.
-extern "C" __global__ void __cluster_dims__(ts::Eight::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, ts::SLOTS_BLOCKS_PER_SM)
+extern "C" __global__ void __cluster_dims__(ts::Eight::CLUSTER, 1, 1)
+    __launch_bounds__(ts::THREADS, ts::SLOTS_BLOCKS_PER_SM)
     kdt_tree_sample_slots(const void* __restrict__ target_logits, int bf16, int vocab, const int* __restrict__ token,
                           const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
                           int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
@@ -284,34 +289,34 @@ extern "C" __global__ void __cluster_dims__(ts::Eight::CLUSTER, 1, 1) __launch_b
     __shared__ ts::Smem s;
     __shared__ ts::TreeSmem tree;
     if (bf16)
-        ts::every_slot<ts::Eight>(static_cast<const uint16_t*>(target_logits), vocab, token, first_child, next_sibling,
-                       num_slots, max_depth, temperature, top_k, top_p, seed, position, drawn, finished, accept_len,
-                       accept_index, accept_tokens, s, tree);
+        ts::every_slot<ts::Eight>(static_cast<const uint16_t*>(target_logits), vocab, token, first_child,
+                                  next_sibling, num_slots, max_depth, temperature, top_k, top_p, seed, position,
+                                  drawn, finished, accept_len, accept_index, accept_tokens, s, tree);
     else
-        ts::every_slot<ts::Eight>(static_cast<const float*>(target_logits), vocab, token, first_child, next_sibling, num_slots,
-                       max_depth, temperature, top_k, top_p, seed, position, drawn, finished, accept_len,
-                       accept_index, accept_tokens, s, tree);
+        ts::every_slot<ts::Eight>(static_cast<const float*>(target_logits), vocab, token, first_child, next_sibling,
+                                  num_slots, max_depth, temperature, top_k, top_p, seed, position, drawn, finished,
+                                  accept_len, accept_index, accept_tokens, s, tree);
 }
 
 // Six-block clusters, one block per multiprocessor (128 registers: seven loads in flight a thread): where G * N
-// clusters of eight would put two blocks on some multiprocessors (the plan's choice), six-block ones hold a
-// multiprocessor each (plans/kernels/tree-sample.md, "G1 N16 in the fifteenth session").
+// clusters of six take at most the plan's `six_block_waves` waves, each block has a multiprocessor to itself
+// (plans/kernels/tree-sample.md, "Six-block clusters, kept").
 extern "C" __global__ void __cluster_dims__(ts::Six::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, 1)
     kdt_tree_sample_slots6(const void* __restrict__ target_logits, int bf16, int vocab, const int* __restrict__ token,
-                          const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
-                          int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
-                          const float* __restrict__ top_p, const unsigned long long* __restrict__ seed,
-                          const long long* __restrict__ position, unsigned long long* drawn, unsigned int* finished,
-                          int* __restrict__ accept_len, int* __restrict__ accept_index,
-                          int* __restrict__ accept_tokens) {
+                           const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
+                           int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
+                           const float* __restrict__ top_p, const unsigned long long* __restrict__ seed,
+                           const long long* __restrict__ position, unsigned long long* drawn, unsigned int* finished,
+                           int* __restrict__ accept_len, int* __restrict__ accept_index,
+                           int* __restrict__ accept_tokens) {
     __shared__ ts::Smem s;
     __shared__ ts::TreeSmem tree;
     if (bf16)
         ts::every_slot<ts::Six>(static_cast<const uint16_t*>(target_logits), vocab, token, first_child, next_sibling,
-                       num_slots, max_depth, temperature, top_k, top_p, seed, position, drawn, finished, accept_len,
-                       accept_index, accept_tokens, s, tree);
+                                num_slots, max_depth, temperature, top_k, top_p, seed, position, drawn, finished,
+                                accept_len, accept_index, accept_tokens, s, tree);
     else
-        ts::every_slot<ts::Six>(static_cast<const float*>(target_logits), vocab, token, first_child, next_sibling, num_slots,
-                       max_depth, temperature, top_k, top_p, seed, position, drawn, finished, accept_len,
-                       accept_index, accept_tokens, s, tree);
+        ts::every_slot<ts::Six>(static_cast<const float*>(target_logits), vocab, token, first_child, next_sibling,
+                                num_slots, max_depth, temperature, top_k, top_p, seed, position, drawn, finished,
+                                accept_len, accept_index, accept_tokens, s, tree);
 }

@@ -254,7 +254,8 @@ def bench_shapes(quick: bool):
     above the bulk for the first, 2 less per later sibling), so that walks accept drafts as they do in decoding.
     Bytes: one row per request, the fewest a walk reads (the root's); what a walk reads beyond it depends on the
     draws, and the every-slot path reads every row on purpose."""
-    shapes = [_bench_shape("G64_N64_T1", 64, 63, 1.0, 0, 1.0), _bench_shape("G1_N16_T0.7_topp0.95", 1, 15, 0.7, 0, 0.95)]
+    shapes = [_bench_shape("G64_N64_T1", 64, 63, 1.0, 0, 1.0),
+              _bench_shape("G1_N16_T0.7_topp0.95", 1, 15, 0.7, 0, 0.95)]
     if not quick:
         shapes += [_bench_shape("G64_N64_T1_topk20_topp0.95", 64, 63, 1.0, 20, 0.95),
                    _bench_shape("G64_N64_T1_topp0.9", 64, 63, 1.0, 0, 0.9),

@@ -1,11 +1,11 @@
-// kernels/tree_sample/draw.cuh -- one draw of the contract's sample(g, i, p) by a cluster of S::CLUSTER blocks (S: the Shape), each
-// block a chunk of the row. temperature 0: the argmax. Otherwise z = x * (1 / temperature); top-k and top-p each
-// reduce to a threshold in the draw's order (the kept set is a prefix of z descending, id ascending), found by
-// histogram levels over the cluster (0.5-nat bins below the row max, then 8-bit digits of z's key, then of the id)
-// until the bin holding the cut has at most CAP tokens, which are gathered, sorted and cut exactly; then the
-// Gumbel-max over the kept tokens, noise only where z + 17.33 can still beat the best score (exact). Top-p alone
-// first tries the tokens within NEAR_NATS of the row max, which each warp keeps in the first pass and the blocks
-// exchange with the max: one exchange decides a language model's row.
+// kernels/tree_sample/draw.cuh -- one draw of the contract's sample(g, i, p) by a cluster of S::CLUSTER blocks (S: the
+// Shape), each block a chunk of the row. temperature 0: the argmax. Otherwise z = x * (1 / temperature); top-k and
+// top-p each reduce to a threshold in the draw's order (the kept set is a prefix of z descending, id ascending), found
+// by histogram levels over the cluster (0.5-nat bins below the row max, then 8-bit digits of z's key, then of the id)
+// until the bin holding the cut has at most CAP tokens, which are gathered, sorted and cut exactly; then the Gumbel-max
+// over the kept tokens, noise only where z + 17.33 can still beat the best score (exact). Top-p alone first tries the
+// tokens within NEAR_NATS of the row max, which each warp keeps in the first pass and the blocks exchange with the max:
+// one exchange decides a language model's row.
 //
 // Exchanges between the blocks alternate two buffers (Draw::round), so a block may write the next round's while
 // another still reads this one's; a walk's draws carry the round on, as no cluster barrier separates them.
@@ -68,11 +68,12 @@ struct Smem {
     unsigned long long total_mass[BINS];
     unsigned long long warp_value[WARPS];
     uint32_t n_merged;                    // merge_listed's count
-    uint32_t listed[CLUSTER_MAX * WARPS];     // the near lists to read, in order: (first token << 12) | (list << 5) | length
+    // the near lists to read, in order: (first token << 12) | (list << 5) | length
+    uint32_t listed[CLUSTER_MAX * WARPS];
     uint32_t listed_lists, listed_total;  // how many lists, and tokens in all
     unsigned long long near_verdict;      // warp 0's verdict on top-p's near draw: (NearVerdict << 32) | token
     float row_max, row_mass;              // top-p alone: the row's largest logit and mass, from the first exchange
-    uint32_t offset[CLUSTER_MAX + 1];         // gather_and_sort: where each block's tokens start in merged
+    uint32_t offset[CLUSTER_MAX + 1];     // gather_and_sort: where each block's tokens start in merged
     int next, next_depth;                 // the walk's next slot and depth, from thread 0
     uint32_t walks;                       // the every-slot path: this cluster is its request's last, it walks
     unsigned long long decided;           // the block's result of a cut or a draw, for all its threads
