@@ -9,6 +9,9 @@ Every function takes keyword-only `out=` (preallocated outputs: a mapping by nam
 `workspace=` (see `workspace_for`), `stream=` (default: CuPy's current stream) and `knobs=` (launch choices by
 name, see `kdt plan STAGE` and `kdt/launch/<stage>.py`; they change speed, never results).
 
+Host time: an eager call checks its arrays and launches from Python, ~17-100 us a call on the H200 machine's host
+(topk 17, tree-sample ~35-55, verify-attn ~65-100; plans/roadmap.md); a CUDA graph replay spends none of it.
+
 CUDA graphs: with `out=` and `workspace=` a launch allocates nothing; it never synchronises or reads device memory
 on the host, so it can be captured. The first call of a stage builds or loads its module: make it once before
 capturing. Kernels that use a workspace must not run concurrently on two streams with the same workspace.
