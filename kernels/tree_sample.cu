@@ -274,49 +274,33 @@ extern "C" __global__ void __cluster_dims__(ts::Eight::CLUSTER, 1, 1) __launch_b
                             accept_tokens, s);
 }
 
+// The every-slot path's entry for clusters of SHAPE (ts::Eight or ts::Six) at MIN_BLOCKS blocks a multiprocessor.
+#define KDT_TREE_SAMPLE_SLOTS_ENTRY(NAME, SHAPE, MIN_BLOCKS)                                                         \
+    extern "C" __global__ void __cluster_dims__(SHAPE::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, MIN_BLOCKS)    \
+        NAME(const void* __restrict__ target_logits, int bf16, int vocab, const int* __restrict__ token,            \
+             const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots, int max_depth, \
+             const float* __restrict__ temperature, const int* __restrict__ top_k, const float* __restrict__ top_p,  \
+             const unsigned long long* __restrict__ seed, const long long* __restrict__ position,                   \
+             unsigned long long* drawn, unsigned int* finished, int* __restrict__ accept_len,                       \
+             int* __restrict__ accept_index, int* __restrict__ accept_tokens) {                                     \
+        __shared__ ts::Smem s;                                                                                      \
+        __shared__ ts::TreeSmem tree;                                                                               \
+        if (bf16)                                                                                                   \
+            ts::every_slot<SHAPE>(static_cast<const uint16_t*>(target_logits), vocab, token, first_child,           \
+                                  next_sibling, num_slots, max_depth, temperature, top_k, top_p, seed, position,    \
+                                  drawn, finished, accept_len, accept_index, accept_tokens, s, tree);               \
+        else                                                                                                        \
+            ts::every_slot<SHAPE>(static_cast<const float*>(target_logits), vocab, token, first_child,              \
+                                  next_sibling, num_slots, max_depth, temperature, top_k, top_p, seed, position,    \
+                                  drawn, finished, accept_len, accept_index, accept_tokens, s, tree);               \
+    }
+
 // Two blocks per multiprocessor (64 registers a thread): a GPC then holds twice the clusters, so that G * N draws
 // of the every-slot path start in one wave (plans/kernels/tree-sample.md, "G1 N16: where the time goes"). The plan
 // says so (KernelLaunch.blocks_per_sm), and kdt build holds two blocks' shared memory to each arch's multiprocessor.
-extern "C" __global__ void __cluster_dims__(ts::Eight::CLUSTER, 1, 1)
-    __launch_bounds__(ts::THREADS, ts::SLOTS_BLOCKS_PER_SM)
-    kdt_tree_sample_slots(const void* __restrict__ target_logits, int bf16, int vocab, const int* __restrict__ token,
-                          const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
-                          int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
-                          const float* __restrict__ top_p, const unsigned long long* __restrict__ seed,
-                          const long long* __restrict__ position, unsigned long long* drawn, unsigned int* finished,
-                          int* __restrict__ accept_len, int* __restrict__ accept_index,
-                          int* __restrict__ accept_tokens) {
-    __shared__ ts::Smem s;
-    __shared__ ts::TreeSmem tree;
-    if (bf16)
-        ts::every_slot<ts::Eight>(static_cast<const uint16_t*>(target_logits), vocab, token, first_child,
-                                  next_sibling, num_slots, max_depth, temperature, top_k, top_p, seed, position,
-                                  drawn, finished, accept_len, accept_index, accept_tokens, s, tree);
-    else
-        ts::every_slot<ts::Eight>(static_cast<const float*>(target_logits), vocab, token, first_child, next_sibling,
-                                  num_slots, max_depth, temperature, top_k, top_p, seed, position, drawn, finished,
-                                  accept_len, accept_index, accept_tokens, s, tree);
-}
+KDT_TREE_SAMPLE_SLOTS_ENTRY(kdt_tree_sample_slots, ts::Eight, ts::SLOTS_BLOCKS_PER_SM)
 
 // Six-block clusters, one block per multiprocessor (128 registers: seven loads in flight a thread): where G * N
 // clusters of six take at most the plan's `six_block_waves` waves, each block has a multiprocessor to itself
 // (plans/kernels/tree-sample.md, "Six-block clusters, kept").
-extern "C" __global__ void __cluster_dims__(ts::Six::CLUSTER, 1, 1) __launch_bounds__(ts::THREADS, 1)
-    kdt_tree_sample_slots6(const void* __restrict__ target_logits, int bf16, int vocab, const int* __restrict__ token,
-                           const int* __restrict__ first_child, const int* __restrict__ next_sibling, int num_slots,
-                           int max_depth, const float* __restrict__ temperature, const int* __restrict__ top_k,
-                           const float* __restrict__ top_p, const unsigned long long* __restrict__ seed,
-                           const long long* __restrict__ position, unsigned long long* drawn, unsigned int* finished,
-                           int* __restrict__ accept_len, int* __restrict__ accept_index,
-                           int* __restrict__ accept_tokens) {
-    __shared__ ts::Smem s;
-    __shared__ ts::TreeSmem tree;
-    if (bf16)
-        ts::every_slot<ts::Six>(static_cast<const uint16_t*>(target_logits), vocab, token, first_child, next_sibling,
-                                num_slots, max_depth, temperature, top_k, top_p, seed, position, drawn, finished,
-                                accept_len, accept_index, accept_tokens, s, tree);
-    else
-        ts::every_slot<ts::Six>(static_cast<const float*>(target_logits), vocab, token, first_child, next_sibling,
-                                num_slots, max_depth, temperature, top_k, top_p, seed, position, drawn, finished,
-                                accept_len, accept_index, accept_tokens, s, tree);
-}
+KDT_TREE_SAMPLE_SLOTS_ENTRY(kdt_tree_sample_slots6, ts::Six, 1)
