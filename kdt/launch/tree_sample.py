@@ -49,25 +49,23 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     if groups == 0:
         return LaunchPlan("tree-sample", "empty", (), knobs=knobs)
     logits = inputs["target_logits"]
-    threads, cluster = target.constant(PREFIX + "threads"), target.constant(PREFIX + "cluster")
+    threads, eight = target.constant(PREFIX + "threads"), target.constant(PREFIX + "cluster")
     row = ("target_logits", np.int32(1 if logits.dtype == "bfloat16" else 0), np.int32(logits.shape[2]))
     tree = (np.int32(slots), np.int32(int(params["max_depth"])), *SAMPLING)
-    facts = (("blocks per draw", cluster),)
     if not every_slot(groups, slots, target, knobs):
-        walk = KernelLaunch("kdt_tree_sample_walk", (groups * cluster, 1, 1), threads,
-                            (*row, "token", "first_child", "next_sibling", *tree, *OUTPUTS), cluster=cluster)
+        walk = KernelLaunch("kdt_tree_sample_walk", (groups * eight, 1, 1), threads,
+                            (*row, "token", "first_child", "next_sibling", *tree, *OUTPUTS), cluster=eight)
         return LaunchPlan("tree-sample", "walk: one cluster per request draws the slots it visits", (walk,),
-                          facts=facts, knobs=knobs)
+                          facts=(("blocks per draw", eight),), knobs=knobs)
     draws = groups * slots * 8  # one 64-bit entry per slot
     six = target.constant(PREFIX + "slots6_cluster")
     if groups * slots * six <= knobs.six_block_waves * target.multiprocessors:
         function, cluster, per_sm = "kdt_tree_sample_slots6", six, 1
-        facts = (("blocks per draw", cluster),)
     else:
-        function, per_sm = "kdt_tree_sample_slots", target.constant(PREFIX + "slots_blocks_per_sm")
+        function, cluster, per_sm = "kdt_tree_sample_slots", eight, target.constant(PREFIX + "slots_blocks_per_sm")
     launch = KernelLaunch(function, (groups * slots * cluster, 1, 1), threads,
                           (*row, "token", "first_child", "next_sibling", *tree, Workspace(0), Workspace(draws),
                            *OUTPUTS), cluster=cluster, blocks_per_sm=per_sm)
     return LaunchPlan("tree-sample", "every slot: all reachable slots drawn at once, the last walks", (launch,),
-                      workspace_bytes=draws + groups * 4, facts=facts + (("rows drawn at once", groups * slots),),
-                      knobs=knobs)
+                      workspace_bytes=draws + groups * 4,
+                      facts=(("blocks per draw", cluster), ("rows drawn at once", groups * slots)), knobs=knobs)

@@ -20,8 +20,8 @@ struct Shape {
     static constexpr int CLUSTER = CLUSTER_, UNROLL = UNROLL_;
     static_assert(CLUSTER <= CLUSTER_MAX, "cluster shape");
 };
-using Eight = Shape<8, 5>;           // the walk, and the every-slot path where its clusters share no multiprocessor
-using Six = Shape<6, 7>;             // the every-slot path where eight-block clusters would share multiprocessors
+using Eight = Shape<8, 5>;           // the walk; the every-slot path at two blocks a multiprocessor (many rows)
+using Six = Shape<6, 7>;             // the every-slot path at one block a multiprocessor (the plan: six_block_waves)
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(uint16_t bits) { return kdt::bits_to_float(static_cast<uint32_t>(bits) << 16); }
