@@ -10,6 +10,12 @@ so every array is its own cudaMalloc and memcheck sees the true bounds of each i
 (inside a pooled arena an overrun lands in a neighbour's memory and goes unseen). Outputs are poisoned
 before each launch and inputs are uploaded, so an initcheck finding is a kernel reading memory nobody wrote.
 
+Racecheck runs for minutes a golden case, almost all of it on the host's cores (tree-sample's eleven cases did not
+finish in 340 s as one run, and nine of them took 63-144 s each as eleven runs at once). With `jobs` > 1 each
+(kernel, tool) is therefore one run per golden case, `jobs` at a time, merged back into one result per (kernel,
+tool): the worst case decides its status, its findings are prefixed by their case, its time is the wall time from
+its first case's start to its last one's end.
+
 The log of each run is parsed for `ERROR SUMMARY: N errors` and, for racecheck, `RACECHECK SUMMARY: N hazards
 displayed (E errors, W warnings)`; warnings count as findings too (every kernel must come out clean). What the
 verify inside found is read from its JSON report (REPORT, in a temporary directory), not from its printout.
@@ -17,6 +23,7 @@ verify inside found is read from its JSON report (REPORT, in a temporary directo
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -25,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -34,6 +42,7 @@ from kdt import toolkit
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 ERROR_EXITCODE = 99
 DEFAULT_TIMEOUT_S = 1800.0
+DEFAULT_JOBS = 4   # runs at once by default (each holds a CUDA context): see default_jobs
 ROOT = Path(__file__).resolve().parents[1]
 
 # `python3 -m kdt` with CuPy's pool off, so each allocation has its own bounds for memcheck.
@@ -74,6 +83,8 @@ class ToolResult:
     verify_passed: int | None = None   # cases the kdt verify inside passed and failed (its JSON report; None:
     verify_failed: int | None = None   # it wrote none)
     log_path: Path | None = None
+    case: str | None = None         # the golden case this run verified (jobs > 1), else the command's --case
+    parts: list["ToolResult"] = field(default_factory=list)   # a merged result's runs, one a golden case
 
     @property
     def verify_summary(self) -> str:
@@ -84,12 +95,17 @@ class ToolResult:
 
     @property
     def finding_count(self) -> int:
+        if self.parts:
+            return sum(part.finding_count for part in self.parts)
         counts = [n for n in (self.errors, self.hazards) if n is not None]
         return max(counts) if counts else 0
 
     @property
     def status(self) -> str:
-        """clean, findings, verify failed, unsupported, environment, timeout, crashed."""
+        """clean, findings, verify failed, unsupported, environment, timeout, crashed (a merged result: its worst
+        run's, in the order of STATUS_SEVERITY)."""
+        if self.parts:
+            return min((part.status for part in self.parts), key=STATUS_SEVERITY.index)
         if self.returncode is None:
             return "timeout"
         if _UNSUPPORTED.search(self.log):
@@ -112,6 +128,48 @@ class ToolResult:
     def is_failure(self) -> bool:
         """A result that fails the check (exit 1), as opposed to one this machine could not produce."""
         return self.status in ("findings", "verify failed", "timeout", "crashed")
+
+
+STATUS_SEVERITY = ("findings", "verify failed", "crashed", "timeout", "unsupported", "environment", "clean")
+
+
+def default_jobs() -> int:
+    """Runs at once unless told: one a core, at most DEFAULT_JOBS (each run is a CUDA context on the GPU, with the
+    sanitizer's own device memory; a small GPU should not hold many)."""
+    return max(1, min(DEFAULT_JOBS, os.cpu_count() or 1))
+
+
+def golden_case_names(kernel: str, pattern: str | None = None) -> list[str]:
+    """The cases of the kernel's golden file matching `pattern`, in file order: what the verify inside runs. A
+    missing or corrupt file is golden.GoldenError; a pattern matching nothing is BadInput (--case)."""
+    from kdt import golden, stages, verify
+    from kdt.refs.errors import BadInput
+
+    path = golden.default_path(None, kernel)
+    names = [item.case.name for item in verify.select_cases(stages.get(kernel), path, pattern)]
+    if not names:
+        raise BadInput("--case", f"a pattern matching a case in {path}", pattern)
+    return names
+
+
+def merge(kernel: str, tool: str, parts: Sequence[ToolResult], elapsed_s: float) -> ToolResult:
+    """One (kernel, tool) result from its runs, one a golden case: the status and finding count come from the parts
+    (ToolResult.status), the counts are summed, each finding and log is marked with its case."""
+    def total(values):
+        known = [v for v in values if v is not None]
+        return sum(known) if known else None
+
+    codes = [part.returncode for part in parts]
+    returncode = (None if None in codes else ERROR_EXITCODE if ERROR_EXITCODE in codes
+                  else next((code for code in codes if code), 0))
+    return ToolResult(
+        kernel, tool, parts[0].command if len(parts) == 1 else [], returncode,
+        "".join(f"===== kdt sanitize: case {part.case} =====\n{part.log}" for part in parts), elapsed_s,
+        errors=total(p.errors for p in parts), hazards=total(p.hazards for p in parts),
+        race_errors=total(p.race_errors for p in parts), race_warnings=total(p.race_warnings for p in parts),
+        findings=[f"[{part.case}] {line}" for part in parts for line in part.findings],
+        verify_passed=total(p.verify_passed for p in parts), verify_failed=total(p.verify_failed for p in parts),
+        parts=list(parts))
 
 
 def find_sanitizer() -> Path | None:
@@ -218,12 +276,17 @@ def run_sanitize(kernels: Sequence[str], tools: Sequence[str] = TOOLS, *, saniti
                  cwd: Path | None = None, runner: Callable | None = None,
                  on_result: Callable[[ToolResult], None] | None = None,
                  on_start: Callable[[str, str], None] | None = None, knobs: Sequence[str] = (),
-                 arch: str | None = None, sms: int | None = None) -> list[ToolResult]:
-    """Every kernel under every tool, in that order (`knobs`, `arch`, `sms`: the --knob NAME=VALUE items, --arch and
-    --sms of the verify inside). No compute-sanitizer: ToolkitMissing (exit 2)."""
+                 arch: str | None = None, sms: int | None = None, jobs: int = 1,
+                 case_names: Callable[[str, str | None], list[str]] = golden_case_names) -> list[ToolResult]:
+    """Every kernel under every tool, results in that order (`knobs`, `arch`, `sms`: the --knob NAME=VALUE items,
+    --arch and --sms of the verify inside). jobs = 1: one run a (kernel, tool), one after the other, on_start before
+    each. jobs > 1: one run a golden case (`case_names(kernel, case)`), `jobs` at a time, merged per (kernel, tool);
+    on_start is not called. `timeout_s` holds for each run. No compute-sanitizer: ToolkitMissing (exit 2)."""
     for tool in tools:
         if tool not in TOOLS:
             raise ValueError(f"tool: expected one of {', '.join(TOOLS)}, got {tool!r}")
+    if jobs < 1:
+        raise ValueError(f"jobs: expected at least 1, got {jobs}")
     if sanitizer is None:
         sanitizer = find_sanitizer()
     if sanitizer is None:
@@ -234,22 +297,40 @@ def run_sanitize(kernels: Sequence[str], tools: Sequence[str] = TOOLS, *, saniti
     if logs_dir is not None:
         logs_dir.mkdir(parents=True, exist_ok=True)
     env = child_env()
-    results = []
+    groups = [(kernel, tool) for kernel in kernels for tool in tools]
+    cases = {kernel: case_names(kernel, case) for kernel in kernels} if jobs > 1 else {}
+
     with tempfile.TemporaryDirectory(prefix="kdt-sanitize-") as reports:
-        for kernel in kernels:
-            for tool in tools:
+        def run(kernel: str, tool: str, pattern: str | None, index: int) -> tuple[ToolResult, float, float]:
+            report = Path(reports) / f"{kernel}.{tool}.{index}.json"
+            exact = glob.escape(pattern) if jobs > 1 else pattern   # one case by its name, whatever its characters
+            line = command(sanitizer, kernel, tool, report, exact, knobs=knobs, arch=arch, sms=sms)
+            started = time.perf_counter()
+            returncode, log = runner(line, timeout_s, env, cwd)
+            ended = time.perf_counter()
+            passed, failed = verify_counts(report)
+            return (ToolResult(kernel, tool, line, returncode, log, ended - started, **parse(log),
+                               verify_passed=passed, verify_failed=failed, case=pattern), started, ended)
+
+        results = []
+        if jobs == 1:
+            for kernel, tool in groups:
                 if on_start:
                     on_start(kernel, tool)
-                report = Path(reports) / f"{kernel}.{tool}.json"
-                line = command(sanitizer, kernel, tool, report, case, knobs=knobs, arch=arch, sms=sms)
-                started = time.perf_counter()
-                returncode, log = runner(line, timeout_s, env, cwd)
-                passed, failed = verify_counts(report)
-                result = ToolResult(kernel, tool, line, returncode, log, time.perf_counter() - started, **parse(log),
-                                    verify_passed=passed, verify_failed=failed)
+                result, _, _ = run(kernel, tool, case, 0)
                 _finish(result, logs_dir, on_result)
                 results.append(result)
-    return results
+            return results
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            pending = {group: [pool.submit(run, *group, name, i) for i, name in enumerate(cases[group[0]])]
+                       for group in groups}
+            for kernel, tool in groups:
+                runs = [future.result() for future in pending[(kernel, tool)]]
+                elapsed = max(ended for _, _, ended in runs) - min(started for _, started, _ in runs)
+                result = merge(kernel, tool, [part for part, _, _ in runs], elapsed)
+                _finish(result, logs_dir, on_result)
+                results.append(result)
+        return results
 
 
 def _finish(result: ToolResult, logs_dir: Path | None, on_result: Callable[[ToolResult], None] | None) -> None:

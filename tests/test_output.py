@@ -464,17 +464,17 @@ def test_sanitize_formats_and_no_summary_from_the_verify_inside(monkeypatch, cap
     monkeypatch.setattr(sanitize, "run_process", lambda line, timeout_s, env, cwd: envs.append(env) or
                         fake(line, timeout_s, env, cwd))
     summary = summary_file(tmp_path, monkeypatch)
-    code, out, err = run(monkeypatch, capsys, "sanitize", "tree-accept")
+    code, out, err = run(monkeypatch, capsys, "sanitize", "tree-accept", "--jobs", "1")
     assert code == 1, out + err
     assert_whole(out, ["verify inside", "Uninitialized __global__ memory read of size 4 bytes", "12 passed, 0 failed"])
     assert envs and all("GITHUB_STEP_SUMMARY" not in env for env in envs)
     assert os.environ["GITHUB_STEP_SUMMARY"] == str(summary) and "### " not in summary.read_text()
 
-    code, out, err = run(monkeypatch, capsys, "sanitize", "tree-accept", "--format", "markdown")
+    code, out, err = run(monkeypatch, capsys, "sanitize", "tree-accept", "--jobs", "1", "--format", "markdown")
     (table,) = markdown_tables(out)
     assert code == 1 and table["header"] == ["kernel", *sanitize.TOOLS, "verify inside"] and len(table["rows"]) == 1
     assert "```text" in out and "Uninitialized __global__ memory read" in out
-    code, out, err = run(monkeypatch, capsys, "sanitize", "tree-accept", "--format", "json")
+    code, out, err = run(monkeypatch, capsys, "sanitize", "tree-accept", "--jobs", "1", "--format", "json")
     document = json.loads(out)
     assert code == 1 and document["exit_code"] == 1 and len(document["results"]) == len(sanitize.TOOLS)
     assert [r["status"] for r in document["results"] if r["status"] != "clean"] == ["findings"]

@@ -3,12 +3,16 @@ as compute-sanitizer prints them), its verdicts and exit codes; one real run on 
 
 from __future__ import annotations
 
+import fnmatch
+import glob
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
 from kdt import sanitize, stages, toolkit
+from kdt.refs.errors import BadInput
 from tests.test_fuzz import run_kdt
 
 VERIFY_TAIL = "12 passed, 0 failed\n"
@@ -280,7 +284,8 @@ def test_sanitize_command_table_and_exit_1_on_a_finding(monkeypatch, capsys, tmp
     logs = {("tree-accept", t): (0, RACECHECK_CLEAN if t == "racecheck" else MEMCHECK_CLEAN) for t in sanitize.TOOLS}
     logs[("tree-accept", "initcheck")] = (sanitize.ERROR_EXITCODE, INITCHECK_UNINITIALISED)
     calls = _command_fakes(monkeypatch, logs)
-    code, out, err = run_kdt(monkeypatch, capsys, "sanitize", "tree-accept", "--keep-logs", str(tmp_path))
+    code, out, err = run_kdt(monkeypatch, capsys, "sanitize", "tree-accept", "--keep-logs", str(tmp_path),
+                             "--jobs", "1")
     assert code == 1, out + err
     assert len(calls) == 4 and "Traceback" not in err
     assert "kdt sanitize" in out and "1 finding" in out and "clean" in out and "12 passed, 0 failed" in out
@@ -291,14 +296,14 @@ def test_sanitize_command_table_and_exit_1_on_a_finding(monkeypatch, capsys, tmp
 def test_sanitize_command_clean_and_tool_choice(monkeypatch, capsys):
     logs = {(k, "memcheck"): (0, MEMCHECK_CLEAN) for k in stages.names()}
     calls = _command_fakes(monkeypatch, logs)
-    code, out, err = run_kdt(monkeypatch, capsys, "sanitize", "all", "--tool", "memcheck")
+    code, out, err = run_kdt(monkeypatch, capsys, "sanitize", "all", "--tool", "memcheck", "--jobs", "1")
     assert code == 0, out + err
     assert len(calls) == len(stages.names()) and "clean:" in out
 
 
 def test_sanitize_command_unsupported_device_exits_2(monkeypatch, capsys):
     calls = _command_fakes(monkeypatch, {("topk", "memcheck"): (2, GVISOR_UNSUPPORTED)})
-    code, out, err = run_kdt(monkeypatch, capsys, "sanitize", "topk", "--tool", "memcheck")
+    code, out, err = run_kdt(monkeypatch, capsys, "sanitize", "topk", "--tool", "memcheck", "--jobs", "1")
     assert code == 2 and "could not check" in out and len(calls) == 1
 
 
@@ -308,6 +313,92 @@ def test_sanitize_command_bad_tool_and_missing_sanitizer(monkeypatch, capsys):
     monkeypatch.setattr(sanitize, "find_sanitizer", lambda: None)
     code, out, err = run_kdt(monkeypatch, capsys, "sanitize", "topk")
     assert code == 2 and "compute-sanitizer not found" in err and "Traceback" not in err
+
+
+def test_golden_case_names_are_the_verify_inside_cases():
+    assert sanitize.golden_case_names("tree-sample", "top_*") == ["top_k_only", "top_p_only", "top_k_and_top_p"]
+    import h5py
+
+    from kdt import golden
+    with h5py.File(golden.default_path(None, "tree-accept"), "r") as f:
+        assert sanitize.golden_case_names("tree-accept") == list(f)
+    with pytest.raises(BadInput, match="--case"):
+        sanitize.golden_case_names("topk", "no_such_case*")
+
+
+def _per_case_runner(logs):
+    """The fake sanitizer for one run a case: the log by (kernel, tool, case), where the case is read back from the
+    escaped --case the run was given; the verify inside reports that one case."""
+    import json
+
+    calls = []
+
+    def run(line, timeout_s, env, cwd):
+        calls.append(line)
+        tool, kernel = line[line.index("--tool") + 1], line[line.index("verify") + 1]
+        pattern = line[line.index("--case") + 1]
+        name = next(name for (k, t, name) in logs if (k, t) == (kernel, tool) and fnmatch.fnmatchcase(name, pattern))
+        returncode, log = logs[(kernel, tool, name)]
+        if returncode is not None:
+            passed = "failed" not in log.split("passed, ")[-1][:3]
+            Path(line[line.index("--json") + 1]).write_text(json.dumps({"cases": [{"passed": passed}]}))
+        return returncode, log
+
+    return run, calls
+
+
+def test_jobs_run_one_case_at_a_time_and_merge_per_kernel_and_tool(tmp_path):
+    cases = ["plain", "odd[1]*", "last"]   # glob characters in a name: each run must match that case only
+    tools = ("memcheck", "racecheck")
+    logs = {(k, t, c): (0, RACECHECK_CLEAN if t == "racecheck" else MEMCHECK_CLEAN)
+            for k in ("topk", "tree-build") for t in tools for c in cases}
+    logs[("tree-build", "racecheck", "odd[1]*")] = (sanitize.ERROR_EXITCODE, RACECHECK_HAZARDS)
+    logs[("topk", "memcheck", "last")] = (None, "started\n[kdt sanitize: killed after 5 s]\n")
+    runner, calls = _per_case_runner(logs)
+    seen = []
+    results = sanitize.run_sanitize(["topk", "tree-build"], tools, sanitizer="cs", runner=runner, jobs=3,
+                                    case_names=lambda kernel, pattern: cases, keep_logs=tmp_path, on_result=seen.append)
+    assert len(calls) == 12 and seen == results
+    assert sorted(line[line.index("--case") + 1] for line in calls) == sorted(
+        [glob.escape(c) for c in cases] * 4)
+    assert [(r.kernel, r.tool, r.status) for r in results] == [
+        ("topk", "memcheck", "timeout"), ("topk", "racecheck", "clean"),
+        ("tree-build", "memcheck", "clean"), ("tree-build", "racecheck", "findings")]
+    race = results[3]
+    assert [part.case for part in race.parts] == cases and race.finding_count == 2 and race.hazards == 2
+    assert race.findings and all(line.startswith("[odd[1]*] ") for line in race.findings)
+    assert results[1].verify_summary == "3 passed, 0 failed"
+    log = (tmp_path / "tree-build.racecheck.log").read_text()
+    assert all(f"case {c} =====" in log for c in cases) and "RACECHECK SUMMARY: 2 hazards" in log
+    assert results[0].returncode is None and sanitize.exit_code(results) == 1
+    assert sanitize.exit_code(results[1:3]) == 0
+
+
+def test_sanitize_command_jobs_runs_every_case(monkeypatch, capsys):
+    logs = {("tree-accept", t, c): (0, RACECHECK_CLEAN if t == "racecheck" else MEMCHECK_CLEAN)
+            for t in sanitize.TOOLS for c in sanitize.golden_case_names("tree-accept")}
+    logs[("tree-accept", "initcheck", "k1")] = (sanitize.ERROR_EXITCODE, INITCHECK_UNINITIALISED)
+    from kdt.commands import common
+
+    monkeypatch.setattr(sanitize, "find_sanitizer", lambda: Path("/cuda/bin/compute-sanitizer"))
+    monkeypatch.setattr(common, "preflight", lambda specs: None)
+    runner, calls = _per_case_runner(logs)
+    monkeypatch.setattr(sanitize, "run_process", runner)
+    code, out, err = run_kdt(monkeypatch, capsys, "sanitize", "tree-accept", "--jobs", "4", "--format", "json")
+    runs = 4 * len(sanitize.golden_case_names("tree-accept"))
+    assert code == 1 and len(calls) == runs and f"{runs} runs" in err and "4 at a time" in err
+    document = json.loads(out)
+    statuses = {r["tool"]: r["status"] for r in document["results"]}
+    assert statuses == {"memcheck": "clean", "racecheck": "clean", "initcheck": "findings", "synccheck": "clean"}
+    initcheck = next(r for r in document["results"] if r["tool"] == "initcheck")
+    assert [c["status"] for c in initcheck["cases"] if c["case"] == "k1"] == ["findings"]
+    assert initcheck["findings"][0].startswith("[k1] Uninitialized __global__ memory read")
+
+
+def test_sanitize_command_bad_case_before_any_run(monkeypatch, capsys):
+    calls = _command_fakes(monkeypatch, {})
+    code, out, err = run_kdt(monkeypatch, capsys, "sanitize", "topk", "--case", "no_such_case*")
+    assert code == 3 and "--case" in err and "no_such_case*" in err and calls == []
 
 
 # --- on the GPU -----------------------------------------------------------------------------------------

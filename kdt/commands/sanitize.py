@@ -42,8 +42,11 @@ def _report_details(out: Report, result: sanitize.ToolResult, limit: int = 10) -
     out.say(f"[{_STATUS_STYLE[result.status]}]{result.kernel} / {result.tool}: {result.status}[/]{escape(where)}")
     shown = result.findings[:limit]
     out.verbatim(shown + ([f"... {len(result.findings) - limit} more"] if len(result.findings) > limit else []))
-    if not shown:  # a crash, a timeout, a verify failure: the end of the log says why
-        out.verbatim(result.log.strip().splitlines()[-15:], prefix="  | ")
+    if not shown:  # a crash, a timeout, a verify failure: the end of the log says why (of each such case)
+        for part in [part for part in result.parts if not part.clean] or [result]:
+            if part.case is not None and result.parts:
+                out.say(f"  case {escape(part.case)}: {part.status}")
+            out.verbatim(part.log.strip().splitlines()[-15:], prefix="  | ")
 
 
 def _result_json(result: sanitize.ToolResult) -> dict:
@@ -53,7 +56,9 @@ def _result_json(result: sanitize.ToolResult) -> dict:
             "race_errors": result.race_errors, "race_warnings": result.race_warnings, "findings": result.findings,
             "verify_passed": result.verify_passed, "verify_failed": result.verify_failed,
             "log_path": None if result.log_path is None else str(result.log_path), "command": result.command,
-            "log_tail": [] if result.clean or result.findings else result.log.strip().splitlines()[-15:]}
+            "log_tail": [] if result.clean or result.findings else result.log.strip().splitlines()[-15:],
+            "cases": [{"case": part.case, "status": part.status, "elapsed_s": part.elapsed_s, "command": part.command}
+                      for part in result.parts]}
 
 
 def command(kernels: list[str] = StagesArg,
@@ -64,7 +69,13 @@ def command(kernels: list[str] = StagesArg,
                      keep_logs: Optional[Path] = typer.Option(None, "--keep-logs",
                                                               help="write each run's log to DIR/<kernel>.<tool>.log"),
                      timeout: float = typer.Option(sanitize.DEFAULT_TIMEOUT_S, "--timeout", min=1,
-                                                   help="seconds allowed per kernel and tool"),
+                                                   help="seconds allowed per run (a kernel under a tool; with "
+                                                        "--jobs above 1, one golden case of it)"),
+                     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1,
+                                                        help="runs at once, one golden case each (racecheck's "
+                                                             "time is the host's); 1: one run a kernel and tool, "
+                                                             "in order (default: one a core, at most "
+                                                             f"{sanitize.DEFAULT_JOBS})"),
                      knob: Optional[list[str]] = KnobOption, arch: Optional[str] = RunArchOption,
                      sms: Optional[int] = SmsOption, output: OutputFormat = FormatOption):
     """`kdt verify` under compute-sanitizer memcheck, racecheck, initcheck and synccheck; exit 1 on any finding."""
@@ -81,6 +92,10 @@ def command(kernels: list[str] = StagesArg,
                                      "/usr/local/cuda, or by cuda-pathfinder); it ships with the CUDA toolkit")
     common.knobs_for(specs, knob)
     common.select_run(arch, sms)
+    names = [spec.name for spec in specs]
+    # the cases each run verifies, read (and --case checked) before anything is built
+    cases = {name: sanitize.golden_case_names(name, case) for name in names}
+    jobs = jobs or sanitize.default_jobs()
     common.preflight(specs)  # builds every cubin here, so the runs under the sanitizer find them cached
 
     def started(kernel: str, name: str) -> None:
@@ -89,10 +104,13 @@ def command(kernels: list[str] = StagesArg,
     def finished(result: sanitize.ToolResult) -> None:
         errors.print(f"{result.tool} on {result.kernel}:", _cell(result))
 
-    names = [spec.name for spec in specs]
+    if jobs > 1:
+        runs = sum(len(cases[name]) for name in names) * len(tools)
+        errors.print(f"{runs} runs (a golden case under a tool each), {min(jobs, runs)} at a time")
     results = sanitize.run_sanitize(names, tools, sanitizer=sanitizer, case=case, timeout_s=timeout,
                                     keep_logs=keep_logs, on_start=started, on_result=finished,
-                                    knobs=knob or (), arch=arch, sms=sms)
+                                    knobs=knob or (), arch=arch, sms=sms, jobs=jobs,
+                                    case_names=lambda name, _: cases[name])
     out = Report("sanitize", output)
     out.table(_sanitize_table(names, tools, results))
     for result in results:
