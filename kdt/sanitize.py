@@ -254,21 +254,41 @@ def parse(log: str) -> dict:
     }
 
 
+_RUNNING: set[int] = set()   # process groups of the children running now (kill_running ends them)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def kill_running() -> None:
+    """End every child still running (an interrupted command must not leave sanitizers behind: each runs in its own
+    process group, out of reach of the terminal's Ctrl-C)."""
+    for pgid in list(_RUNNING):
+        _kill_group(pgid)
+
+
 def run_process(line: Sequence[str], timeout_s: float, env: dict[str, str], cwd: Path | None) -> tuple[int | None, str]:
     """Run one child in its own process group, output and errors merged; on timeout the whole group (the
     sanitizer and the python under it) is killed and the return code is None."""
     process = subprocess.Popen(list(line), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                errors="replace", env=env, cwd=cwd, start_new_session=True)
+    _RUNNING.add(process.pid)
     try:
         output, _ = process.communicate(timeout=timeout_s)
         return process.returncode, output
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(process.pid)
         output, _ = process.communicate()
         return None, (output or "") + f"\n[kdt sanitize: killed after {timeout_s:g} s]\n"
+    except BaseException:
+        _kill_group(process.pid)
+        raise
+    finally:
+        _RUNNING.discard(process.pid)
 
 
 def run_sanitize(kernels: Sequence[str], tools: Sequence[str] = TOOLS, *, sanitizer: Path | str | None = None,
@@ -321,7 +341,8 @@ def run_sanitize(kernels: Sequence[str], tools: Sequence[str] = TOOLS, *, saniti
                 _finish(result, logs_dir, on_result)
                 results.append(result)
             return results
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
+        pool = ThreadPoolExecutor(max_workers=jobs)
+        try:
             pending = {group: [pool.submit(run, *group, name, i) for i, name in enumerate(cases[group[0]])]
                        for group in groups}
             for kernel, tool in groups:
@@ -330,6 +351,11 @@ def run_sanitize(kernels: Sequence[str], tools: Sequence[str] = TOOLS, *, saniti
                 result = merge(kernel, tool, [part for part, _, _ in runs], elapsed)
                 _finish(result, logs_dir, on_result)
                 results.append(result)
+        except BaseException:   # Ctrl-C, or a run that raised: nothing queued starts, nothing running is left
+            pool.shutdown(wait=False, cancel_futures=True)
+            kill_running()
+            raise
+        pool.shutdown()
         return results
 
 

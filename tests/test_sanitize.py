@@ -6,7 +6,9 @@ from __future__ import annotations
 import fnmatch
 import glob
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -372,6 +374,34 @@ def test_jobs_run_one_case_at_a_time_and_merge_per_kernel_and_tool(tmp_path):
     assert all(f"case {c} =====" in log for c in cases) and "RACECHECK SUMMARY: 2 hazards" in log
     assert results[0].returncode is None and sanitize.exit_code(results) == 1
     assert sanitize.exit_code(results[1:3]) == 0
+
+
+def test_an_interrupt_kills_every_running_case(tmp_path):
+    pids = tmp_path / "pids"
+    sanitizer = tmp_path / "compute-sanitizer"
+    sanitizer.write_text(f"#!/bin/sh\necho $$ >> {pids}\nexec sleep 60\n")
+    sanitizer.chmod(0o755)
+
+    def started_children() -> int:
+        return len(pids.read_text().split()) if pids.exists() else 0
+
+    def runner(line, timeout_s, env, cwd):
+        if line[-1] == "boom":   # the first case's run is interrupted once the other two are running
+            while started_children() < 2:
+                time.sleep(0.05)
+            raise KeyboardInterrupt
+        return sanitize.run_process(line, timeout_s, env, cwd)
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        sanitize.run_sanitize(["topk"], ["memcheck"], sanitizer=sanitizer, runner=runner, jobs=3,
+                              case_names=lambda kernel, pattern: ["boom", "slow", "slower"])
+    while sanitize._RUNNING and time.monotonic() - started < 20:
+        time.sleep(0.05)
+    assert time.monotonic() - started < 20 and not sanitize._RUNNING
+    for pid in map(int, pids.read_text().split()):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def test_sanitize_command_jobs_runs_every_case(monkeypatch, capsys):
