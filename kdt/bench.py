@@ -29,6 +29,7 @@ WARMUP = 10
 GRAPH_LAUNCHES = 20
 GRAPH_BELOW_US = 200.0             # graph mode only where launch gaps could matter: kernels under this
 PROBE_REPLAYS = 5                  # replays of a one-launch graph that measure a kernel's own time
+GRAPH_SUSPECT_RATIO = 1.25         # a graph replay this much slower than eager launches: the machine, not the kernel
 L2_ROTATE_BYTES = 2 * 60 * 2**20   # rotate buffers until twice the H200's 60 MB L2 is covered
 MAX_ROTATE = 16
 CPU_REPEATS = 3
@@ -142,6 +143,18 @@ def time_graph(cp, launch: Callable[[int], None], rotate: int, runs: int = MIN_R
     return _summary([us / GRAPH_LAUNCHES for us in _event_us(cp, stream, lambda _: graph.launch(stream), runs)])
 
 
+def graph_note(eager: Timing, graphed: Timing | None) -> str | None:
+    """A warning where the graph replay's median is GRAPH_SUSPECT_RATIO or more times the eager one. Replays drop the
+    launch gaps, so they are never slower on a steady GPU; one machine of 2026-12-02 replayed long streaming
+    kernels at 1.5-2x their eager time on every arch (plans/perf-notes.md, eighteenth session), where the next
+    machine timed them as before. The headline of such a row measures the machine."""
+    if graphed is None or graphed.median_us < GRAPH_SUSPECT_RATIO * eager.median_us:
+        return None
+    return (f"graph replay {graphed.median_us / eager.median_us:.2f}x the eager median ({graphed.median_us:.2f} "
+            f"against {eager.median_us:.2f} us): the GPU ran slower under sustained replay (clocks, power?); "
+            f"this headline is the machine's, not the kernel's")
+
+
 def bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool = True, baselines: bool = True,
                 knobs: dict | None = None) -> ShapeResult:
     """Time one shape (with the launch `knobs`, if any); its buffers (gigabytes for long prefixes) go back to the
@@ -201,6 +214,9 @@ def _bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool, baselin
                          shape.size_label if shape.size else "bytes moved (model)", eager, graphed, headline, gbps, 100 * gbps / peaks.copy_gbps, tflops,
                          100 * tflops / peaks.matmul_tflops if shape.flops else 0.0, bound_us, pct_of_bound,
                          knobs=knobs, path=path, arch=runtime.device_arch(), multiprocessors=runtime.multiprocessors())
+    suspect = graph_note(eager, graphed)
+    if suspect:
+        result.notes.append(suspect)
     if baselines and shape.cpu_baseline:
         host = {k: verify.download(v) for k, v in first.items()}
         spec.reference(host, params)  # warm: first call pays imports

@@ -222,3 +222,12 @@ def test_against_a_build_these_launchers_cannot_drive_is_refused(other_builds, m
     assert done.returncode == 3, done.stdout + done.stderr
     assert "tree_accept_from_predict" in done.stderr and "two separate kdt bench runs" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_graph_replay_slower_than_eager_launches_is_called_out():
+    steady, eager = bench.Timing(147.4, 147.1, 148.1, 100), bench.Timing(150.0, 149.5, 151.0, 100)
+    assert bench.graph_note(eager, steady) is None and bench.graph_note(eager, None) is None
+    assert bench.graph_note(eager, bench.Timing(1.2 * 150.0, 0, 0, 100)) is None
+    # the machine of plans/perf-notes.md's eighteenth session: topk G64 K15 f32, 281.2 us replayed, 153.2 eager
+    note = bench.graph_note(bench.Timing(153.17, 152.0, 155.0, 100), bench.Timing(281.20, 277.8, 408.1, 100))
+    assert note and "1.84x the eager median" in note and "281.20 against 153.17 us" in note

@@ -318,6 +318,25 @@ def test_bench_all_output_whole(monkeypatch, capsys, tmp_path, fake_gpu):
     assert max(names, key=len) in text
 
 
+def test_bench_notes_follow_their_table(monkeypatch, capsys, fake_gpu):
+    shapes = _fake_bench(monkeypatch)
+    plain = bench.bench_shape
+    first = shapes["topk"][0]
+
+    def noted(spec, item, machine, **kwargs):
+        result = plain(spec, item, machine, **kwargs)
+        if item.name == first:
+            result.notes.append("graph replay 1.84x the eager median")
+        return result
+
+    monkeypatch.setattr(bench, "bench_shape", noted)
+    code, out, err = run(monkeypatch, capsys, "bench", "topk", "--sweep", "many_rows_waves=2,4")
+    assert code == 0, out + err
+    lines = [line for line in out.splitlines() if "1.84x the eager median" in line]
+    assert [line.split(":")[0].strip() for line in lines] == [f"topk {first} 2", f"topk {first} 4"]
+    assert out.index(lines[0]) > out.index(shapes["topk"][-1])   # after the table
+
+
 def test_bench_markdown_json_and_a_regression(monkeypatch, capsys, tmp_path, fake_gpu):
     shapes = _fake_bench(monkeypatch)
     code, out, err = run(monkeypatch, capsys, "bench", "tree-build", "--format", "markdown")

@@ -90,6 +90,7 @@ def command(kernels: list[str] = StagesArg,
         columns = COLUMNS[:1] + extra + COLUMNS[1:]
         table = Sheet(f"kdt bench {spec.name}{set_label(shape_set)}: us per launch (graph mode is the headline)",
                       columns, right=[c for c in columns if c not in ("shape", "path", "arch")])
+        noted = []
         for item in chosen_shapes[spec.name]:
             for name in runs:
                 for point in points:
@@ -99,7 +100,10 @@ def command(kernels: list[str] = StagesArg,
                     results.append(r)
                     cells = ([r.arch] if len(runs) > 1 else []) + [str(value) for value in point.values()]
                     table.add_row(*_row(r, cells))
+                    noted += [(" ".join([r.shape, *cells]), note) for note in r.notes]
         out.table(table)
+        for row, note in noted:
+            out.say(f"[yellow]{escape(spec.name)} {escape(row)}[/]: {escape(note)}")
     if json_file:
         report.write_atomically(json_file, bench.results_json(results, machine, shape_set))
     if plot_file:
