@@ -145,9 +145,8 @@ def time_graph(cp, launch: Callable[[int], None], rotate: int, runs: int = MIN_R
 
 def graph_note(eager: Timing, graphed: Timing | None) -> str | None:
     """A warning where the graph replay's median is GRAPH_SUSPECT_RATIO or more times the eager one. Replays drop the
-    launch gaps, so they are never slower on a steady GPU; one machine of 2026-12-02 replayed long streaming
-    kernels at 1.5-2x their eager time on every arch (plans/perf-notes.md, eighteenth session), where the next
-    machine timed them as before. The headline of such a row measures the machine."""
+    launch gaps, so they are never slower on a steady GPU: the headline of such a row measures the machine (seen
+    once: plans/perf-notes.md, eighteenth session)."""
     if graphed is None or graphed.median_us < GRAPH_SUSPECT_RATIO * eager.median_us:
         return None
     return (f"graph replay {graphed.median_us / eager.median_us:.2f}x the eager median ({graphed.median_us:.2f} "

@@ -10,11 +10,10 @@ so every array is its own cudaMalloc and memcheck sees the true bounds of each i
 (inside a pooled arena an overrun lands in a neighbour's memory and goes unseen). Outputs are poisoned
 before each launch and inputs are uploaded, so an initcheck finding is a kernel reading memory nobody wrote.
 
-Racecheck runs for minutes a golden case, almost all of it on the host's cores (tree-sample's eleven cases did not
-finish in 340 s as one run, and nine of them took 63-144 s each as eleven runs at once). With `jobs` > 1 each
-(kernel, tool) is therefore one run per golden case, `jobs` at a time, merged back into one result per (kernel,
-tool): the worst case decides its status, its findings are prefixed by their case, its time is the wall time from
-its first case's start to its last one's end.
+Racecheck runs for minutes a golden case, almost all of it on the host's cores (figures: plans/reliability.md, `kdt
+sanitize`). With `jobs` > 1 each (kernel, tool) is therefore one run per golden case, `jobs` at a time, merged back
+into one result per (kernel, tool): the worst case decides its status, its findings are prefixed by their case, its
+time is the wall time from its first case's start to its last one's end.
 
 The log of each run is parsed for `ERROR SUMMARY: N errors` and, for racecheck, `RACECHECK SUMMARY: N hazards
 displayed (E errors, W warnings)`; warnings count as findings too (every kernel must come out clean). What the

@@ -44,7 +44,7 @@ def _report_details(out: Report, result: sanitize.ToolResult, limit: int = 10) -
     out.verbatim(shown + ([f"... {len(result.findings) - limit} more"] if len(result.findings) > limit else []))
     if not shown:  # a crash, a timeout, a verify failure: the end of the log says why (of each such case)
         for part in [part for part in result.parts if not part.clean] or [result]:
-            if part.case is not None and result.parts:
+            if result.parts:
                 out.say(f"  case {escape(part.case)}: {part.status}")
             out.verbatim(part.log.strip().splitlines()[-15:], prefix="  | ")
 
