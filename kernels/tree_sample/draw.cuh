@@ -35,6 +35,7 @@ constexpr int LEVELS = 9;            // nats, 4 digits of the key, 4 of ~id: the
 constexpr float MASS_ONE = 2147483648.f;  // the fixed-point mass of the row's largest z (2^31)
 constexpr float NEAR_NATS = 8.f;     // top-p's first try: the tokens within this of the row max (mass >= e^-8 each)
 constexpr int NEAR_PER_WARP = 16;    // the near tokens a warp keeps in the first pass (more: the near pass instead)
+constexpr int NEAR_PER_BLOCK = 16;   // the near tokens of a block's list, with their noise (more: the warps' lists)
 constexpr uint64_t NO_POSITION = ~0ull;  // a draw's position_of(): this row is not drawn (a slot the walk cannot reach)
 
 // All of a block's shared state (with tree_sample/depth.cuh's TreeSmem): loose __shared__ variables, one per
@@ -50,6 +51,11 @@ struct Smem {
     // float's bits, high word) and how many it had (low word), and the first NEAR_PER_WARP of them
     unsigned long long near_head[2][WARPS];
     unsigned long long near[2][WARPS][NEAR_PER_WARP];
+    // the block's near tokens (within NEAR_NATS of its largest z) from those lists, with each one's Gumbel noise, and
+    // how many (NEAR_PER_BLOCK + 1: not made, a list it needed was cut short or they are more)
+    unsigned long long block_near[2][NEAR_PER_BLOCK];
+    float block_noise[2][NEAR_PER_BLOCK];
+    uint32_t block_near_count[2];
     // this block's own
     union {  // a level's histogram copies and a gather's lists are never live at once
         struct {
@@ -140,10 +146,12 @@ __device__ __forceinline__ void cluster_barrier() {
     __syncthreads();
 }
 
-template <typename T, class Merge>
+// merge over the lanes of each aligned group of 2 * FIRST (the whole warp by default), in every lane of the group:
+// where only lanes [0, 2 * FIRST) hold values, lane 0 gets them all in log2(2 * FIRST) steps, not five.
+template <int FIRST = 16, typename T, class Merge>
 __device__ __forceinline__ T warp_reduce(T v, Merge merge) {
 #pragma unroll
-    for (int d = 16; d > 0; d >>= 1) v = merge(v, __shfl_xor_sync(0xffffffffu, v, d));
+    for (int d = FIRST; d > 0; d >>= 1) v = merge(v, __shfl_xor_sync(0xffffffffu, v, d));
     return v;
 }
 
@@ -158,17 +166,24 @@ __device__ __forceinline__ float warp_max(float v) {
 // commutative (both lanes of a butterfly get the same value) gives every block the same result. Each block's own
 // value stays in s.pub_value[buffer] for the others, buffer = (d.round before the call) & 1.
 // cluster_publish is its first half: the block's value published, up to the cluster barrier; returns the buffer.
-template <typename Tin, class S, class Merge>
+// also(buffer) runs in every thread after the block barrier, while warp 0 reduces: work for the other warps that the
+// exchange should carry.
+struct Nothing {
+    __device__ void operator()(int) const {}
+};
+template <typename Tin, class S, class Merge, class Also = Nothing>
 __device__ int cluster_publish(unsigned long long v, unsigned long long identity, Merge merge, Draw<Tin, S>& d,
-                               Smem& s) {
+                               Smem& s, Also&& also = Also{}) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int buffer = d.round++ & 1;
     v = warp_reduce(v, merge);
     if (lane == 0) s.warp_value[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        v = warp_reduce(lane < WARPS ? s.warp_value[lane] : identity, merge);
+        v = warp_reduce<WARPS / 2>(lane < WARPS ? s.warp_value[lane] : identity, merge);
         if (lane == 0) s.pub_value[buffer] = v;
+    } else {
+        also(buffer);
     }
     cluster_barrier();
     return buffer;
@@ -180,7 +195,8 @@ __device__ unsigned long long cluster_reduce(unsigned long long v, unsigned long
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int buffer = cluster_publish(v, identity, merge, d, s);
     if (warp == 0) {
-        v = warp_reduce(lane < S::CLUSTER ? kdt::load_from_block(&s.pub_value[buffer], lane) : identity, merge);
+        const unsigned long long mine = lane < S::CLUSTER ? kdt::load_from_block(&s.pub_value[buffer], lane) : identity;
+        v = warp_reduce<CLUSTER_MAX / 2>(mine, merge);
         if (lane == 0) s.warp_value[0] = v;
     }
     __syncthreads();
@@ -508,18 +524,31 @@ __device__ __forceinline__ float near_logit(float z_near, float inv_t) {
     return z_near / inv_t - (fabsf(z_near / inv_t) * 1e-5f + 1e-30f);
 }
 
+// Vector u of a batch held in registers, u known only at run time (selects: an index would put w in local memory).
+template <int UNROLL>
+__device__ __forceinline__ uint4 pick(const uint4 (&w)[UNROLL], int u) {
+    uint4 v = w[0];
+#pragma unroll
+    for (int i = 1; i < UNROLL; ++i)
+        if (u == i) v = w[i];
+    return v;
+}
+
+// Bit k set where element k of a vector has z = x * inv_t >= z_near.
+template <typename Tin>
+__device__ __forceinline__ uint32_t near_mask(const uint4& v, const Tin* row, float inv_t, float z_near) {
+    constexpr int PER = 16 / static_cast<int>(sizeof(Tin));
+    uint32_t mask = 0u;
+#pragma unroll
+    for (int k = 0; k < PER; ++k) mask |= element(v, k, row) * inv_t >= z_near ? 1u << k : 0u;
+    return mask;
+}
+
 // A running maximum m of logits and the mass below it, l = sum of 2^((x - m) * to_log2) (exp(z - z_max) with
-// to_log2 = log2(e) / T), and the union of two: m = -inf holds no mass.
+// to_log2 = log2(e) / T); m = -inf holds no mass.
 struct MaxSum {
     float m, l;
 };
-__device__ __forceinline__ MaxSum merged_mass(MaxSum a, MaxSum b, float to_log2) {
-    const float m = fmaxf(a.m, b.m);
-    if (!(m > -__builtin_huge_valf())) return {m, 0.f};
-    const float la = a.m > -__builtin_huge_valf() ? a.l * kdt::ex2((a.m - m) * to_log2) : 0.f;
-    const float lb = b.m > -__builtin_huge_valf() ? b.l * kdt::ex2((b.m - m) * to_log2) : 0.f;
-    return {m, la + lb};  // commutative: both lanes of a butterfly get the same value
-}
 
 // The chunk's largest logit and its mass in one pass (top-p alone: the row is read once for both): a running
 // maximum per thread, the sum rescaled once per vector where it moves; -inf logits hold no mass (2^-inf = 0 once
@@ -544,7 +573,7 @@ __device__ __forceinline__ MaxSum chunk_max_sum_near(const Draw<Tin, S>& d, floa
         if (x > -__builtin_huge_valf()) t.l += kdt::ex2((x - t.m) * to_log2);
     };
     float warp_top = -__builtin_huge_valf();  // the warp's largest logit so far (the same in every lane)
-    uint32_t kept = 0;                         // the warp's near tokens so far
+    uint32_t kept = 0;  // the warp's near tokens so far, while at most NEAR_PER_WARP; past it, only more than that
     const auto keep = [&](int token, float z, bool in) {
         const unsigned lanes = __ballot_sync(0xffffffffu, in);
         const uint32_t slot = kept + __popc(lanes & ((1u << lane) - 1u));
@@ -567,18 +596,38 @@ __device__ __forceinline__ MaxSum chunk_max_sum_near(const Draw<Tin, S>& d, floa
                 for (int k = 0; k < PER; ++k) t.l += kdt::ex2(fmaf(element(w[u], k, d.row), to_log2, -offset));
             }
             warp_top = fmaxf(warp_top, warp_max(top));
+            if (kept > NEAR_PER_WARP) return;
+            // The batch's near tokens into the warp's list with one warp scan (not a vote per logit: a chain of
+            // dependent votes cost the pass as much as its exponentials). A vector can hold one only where its
+            // largest logit reaches x_near; where more vectors than the list holds can, it is cut short unread.
             const float z_near = warp_top * inv_t - NEAR_NATS, x_near = near_logit(z_near, inv_t);
+            uint32_t near_vectors = 0u, warp_near_vectors = 0u;
 #pragma unroll
             for (int u = 0; u < S::UNROLL; ++u) {
-                const int i = first + u * THREADS + static_cast<int>(threadIdx.x);
-                const bool near = i < vectors && vector_max(w[u], d.row) >= x_near;
-                if (kept > NEAR_PER_WARP || __ballot_sync(0xffffffffu, near) == 0u) continue;
-#pragma unroll 1
-                for (int k = 0; k < PER; ++k) {
-                    const float z = element(w[u], k, d.row) * inv_t;
-                    keep(d.begin + i * PER + k, z, near && z >= z_near);
+                const bool near = first + u * THREADS + static_cast<int>(threadIdx.x) < vectors &&
+                                  vector_max(w[u], d.row) >= x_near;
+                near_vectors |= near ? 1u << u : 0u;
+                warp_near_vectors += __popc(__ballot_sync(0xffffffffu, near));
+            }
+            if (warp_near_vectors > NEAR_PER_WARP) kept = NEAR_PER_WARP + 1;
+            if (warp_near_vectors == 0u || warp_near_vectors > NEAR_PER_WARP) return;
+            // the few vectors that can (a rolled loop: this code runs in few warps, once)
+            uint32_t mine = 0u;
+            for (uint32_t rest = near_vectors; rest != 0u; rest &= rest - 1u)
+                mine += __popc(near_mask(pick(w, __ffs(rest) - 1), d.row, inv_t, z_near));
+            const uint32_t through = kdt::warp_inclusive_scan(mine);
+            uint32_t slot = kept + through - mine;
+            for (uint32_t rest = near_vectors; rest != 0u; rest &= rest - 1u) {
+                const int u = __ffs(rest) - 1;
+                const uint4 v = pick(w, u);
+                const int t0 = d.begin + (first + u * THREADS + static_cast<int>(threadIdx.x)) * PER;
+                for (uint32_t mask = near_mask(v, d.row, inv_t, z_near); mask != 0u; mask &= mask - 1u, ++slot) {
+                    const int k = __ffs(mask) - 1;
+                    if (slot < NEAR_PER_WARP)
+                        s.near[buffer][warp][slot] = packed(order_key(element(v, k, d.row) * inv_t), t0 + k);
                 }
             }
+            kept += __shfl_sync(0xffffffffu, through, 31);
         },
         [&](int token, float x, bool live) {
             if (live) {
@@ -594,21 +643,34 @@ __device__ __forceinline__ MaxSum chunk_max_sum_near(const Draw<Tin, S>& d, floa
     return t;
 }
 
-// A MaxSum as one 64-bit value for the exchange (m in the high word), and the merge of two such.
+// A MaxSum as one 64-bit value for the exchange (m in the high word).
 __device__ __forceinline__ unsigned long long pack_max_sum(MaxSum x) {
     return (static_cast<unsigned long long>(__float_as_uint(x.m)) << 32) | __float_as_uint(x.l);
 }
 __device__ __forceinline__ MaxSum unpack_max_sum(unsigned long long p) {
     return MaxSum{__uint_as_float(static_cast<uint32_t>(p >> 32)), __uint_as_float(static_cast<uint32_t>(p))};
 }
-__device__ __forceinline__ unsigned long long merged_max_sum(unsigned long long a, unsigned long long b, float to_log2) {
-    return pack_max_sum(merged_mass(unpack_max_sum(a), unpack_max_sum(b), to_log2));
+
+// The union of packed MaxSums over lanes (the Merge of cluster_publish): the largest m first, then each lane's sum
+// rescaled to it once and added, not a rescale of both sides at every step of the butterfly (a chain of two
+// exponentials a step). Both lanes of a butterfly get the same value, so every lane does.
+struct MaxSumMerge {
+    float to_log2;
+};
+template <int FIRST = 16>
+__device__ __forceinline__ unsigned long long warp_reduce(unsigned long long v, const MaxSumMerge& merge) {
+    const MaxSum x = unpack_max_sum(v);
+    const float m = warp_reduce<FIRST>(x.m, [](float a, float b) { return fmaxf(a, b); });
+    const float l = x.m > -__builtin_huge_valf() ? x.l * kdt::ex2((x.m - m) * merge.to_log2) : 0.f;
+    return pack_max_sum({m, warp_reduce<FIRST>(l, [](float a, float b) { return a + b; })});
 }
 
 // Top-p's first try (top-k off): the tokens within NEAR_NATS of the row max, where a language model's top-p set
-// lies, from the lists the warps kept in the first pass (chunk_max_sum_near). Warp 0 alone, right after the first
-// exchange, reads every block's max and mass and every (block, warp) list's head in one round trip of distributed
-// shared memory, the lists that can hold such a token in a second, and where they are few cuts and draws among them
+// lies, from the lists the warps kept in the first pass (chunk_max_sum_near). Before the first exchange warp 1 of each
+// block makes the block's list of them, with each one's noise (make_block_list); right after it warp 0 alone reads
+// every block's max, mass and list in one round trip of distributed shared memory and draws from registers
+// (decide_block_lists). Where a block's list it needs was not made, it reads the warps' lists: every list's head in a
+// second round trip, the lists that can hold such a token in a third, and where they are few cuts and draws among them
 // itself (no block barrier until its verdict). Where a list it needs was cut short, near_gather finds them by a
 // second pass over the chunk; where they are many, the block merges and draws. Where they cannot decide (more than
 // CAP, or their mass short of the need): the histogram levels. Every block reaches the same verdict.
@@ -690,6 +752,90 @@ __device__ int decide_near(uint32_t n, double need, float z_max, uint2 key, uint
     }
 }
 
+// Warp 1 of each block, after the first pass's block barrier while warp 0 reduces (cluster_publish's `also`): the
+// block's near tokens, those within NEAR_NATS of its own largest z, from its warps' lists, into s.block_near[buffer]
+// with each one's Gumbel noise at `position` (none at NO_POSITION), and their count, NEAR_PER_BLOCK + 1 where a list
+// it needed was cut short or they are more. The block's largest z is at most the row's, so a list made holds every
+// token of the block within NEAR_NATS of the row max: warp 0 reads them all with the blocks' (max, mass).
+__device__ void make_block_list(int buffer, float inv_t, uint64_t position, uint2 key, Smem& s) {
+    const uint32_t lane = threadIdx.x & 31;
+    const unsigned long long head = lane < WARPS ? s.near_head[buffer][lane] : 0ull;
+    const float top = lane < WARPS ? __uint_as_float(static_cast<uint32_t>(head >> 32)) : -__builtin_huge_valf();
+    const float z_near = kdt::ordered_float(order_key(warp_max(top) * inv_t)) - NEAR_NATS;
+    const uint32_t key_near = order_key(z_near);
+    const bool needed = lane < WARPS && top * inv_t >= z_near;
+    const uint32_t length = needed ? min(static_cast<uint32_t>(head), static_cast<uint32_t>(NEAR_PER_WARP)) : 0u;
+    const bool cut_short = __any_sync(0xffffffffu, needed && static_cast<uint32_t>(head) > NEAR_PER_WARP);
+    uint32_t mine = 0u;
+    for (uint32_t j = 0; j < length; ++j) mine += key_of(s.near[buffer][lane][j]) >= key_near ? 1u : 0u;
+    const uint32_t through = kdt::warp_inclusive_scan(mine), total = __shfl_sync(0xffffffffu, through, 31);
+    if (cut_short || total > NEAR_PER_BLOCK) {
+        if (lane == 0) s.block_near_count[buffer] = NEAR_PER_BLOCK + 1;
+        return;
+    }
+    for (uint32_t j = 0, slot = through - mine; j < length; ++j) {
+        const unsigned long long v = s.near[buffer][lane][j];
+        if (key_of(v) >= key_near) s.block_near[buffer][slot++] = v;
+    }
+    __syncwarp();
+    if (lane < total && position != NO_POSITION) {
+        const int t = token_of(s.block_near[buffer][lane]);
+        s.block_noise[buffer][lane] = kdt::gumbel_of_word(word_of(
+            noise_words(static_cast<uint32_t>(t) >> 2, static_cast<uint32_t>(position),
+                        static_cast<uint32_t>(position >> 32), key), t));
+    }
+    if (lane == 0) s.block_near_count[buffer] = total;
+}
+
+// The draw among the near tokens of the blocks' lists (make_block_list), by warp 0 right after the first exchange:
+// counts, tokens and noise were loaded with the blocks' (max, mass). As decide_near, from registers: -1 where their
+// mass never reaches `need`, -2 where a list needed was not made or they are more than 32 (then the warps' lists).
+template <class S>
+__device__ int decide_block_lists(const uint32_t block_count, const bool block_needed,
+                                  const unsigned long long (&token)[S::CLUSTER * NEAR_PER_BLOCK / 32],
+                                  const float (&noise)[S::CLUSTER * NEAR_PER_BLOCK / 32], float z_max, float z_near,
+                                  double need, Smem& s) {
+    constexpr int ENTRIES = S::CLUSTER * NEAR_PER_BLOCK / 32;
+    const uint32_t lane = threadIdx.x & 31;
+    const bool made = block_count <= NEAR_PER_BLOCK;
+    if (__any_sync(0xffffffffu, block_needed && !made)) return -2;
+    const uint32_t key_near = order_key(z_near);
+    uint32_t valid = 0u;
+#pragma unroll
+    for (int m = 0; m < ENTRIES; ++m) {
+        const uint32_t e = lane + 32 * m, block = e / NEAR_PER_BLOCK;
+        const bool listed = __shfl_sync(0xffffffffu, made ? block_count : 0u, block) > e % NEAR_PER_BLOCK;
+        valid |= listed && key_of(token[m]) >= key_near ? 1u << m : 0u;
+    }
+    const uint32_t mine = __popc(valid);
+    const uint32_t through = kdt::warp_inclusive_scan(mine), n = __shfl_sync(0xffffffffu, through, 31);
+    if (n > 32) return -2;
+    uint32_t slot = through - mine;
+#pragma unroll
+    for (int m = 0; m < ENTRIES; ++m) {
+        if (!(valid >> m & 1u)) continue;
+        s.list.merged[slot] = token[m];
+        s.list.mass[slot++] = __float_as_uint(noise[m]);
+    }
+    __syncwarp();
+    const bool here = lane < n;
+    const unsigned long long v = here ? s.list.merged[lane] : 0ull;
+    const float z = kdt::ordered_float(key_of(v));
+    const uint32_t q = here ? fixed_mass(z, z_max) : 0u;
+    unsigned long long ahead = 0ull;
+    for (uint32_t j = 0; j < n; ++j) {
+        const unsigned long long other = __shfl_sync(0xffffffffu, v, j);
+        const uint32_t other_q = __shfl_sync(0xffffffffu, q, j);
+        ahead += other > v ? other_q : 0ull;
+    }
+    const bool reached = __any_sync(0xffffffffu, here && static_cast<double>(ahead + q) >= need);
+    const unsigned long long best = warp_max(
+        here && static_cast<double>(ahead) < need
+            ? packed(order_key(z + __uint_as_float(static_cast<uint32_t>(s.list.mass[lane]))), token_of(v))
+            : 0ull);
+    return reached ? token_of(best) : -1;
+}
+
 // Warp 0, right after the first exchange (buffer: its): the row's max and mass, the near tokens from the lists, and
 // where warp 0 can, the draw; its verdict for the block in s.near_verdict, the row in s.row_max and s.row_mass.
 template <typename Tin, class S, class PositionOf>
@@ -698,17 +844,23 @@ __device__ void near_from_lists(int buffer, float to_log2, float top_p, uint2 ke
     constexpr int HEADS = S::CLUSTER * WARPS / 32;
     static_assert(HEADS * 32 == S::CLUSTER * WARPS, "lists");
     const uint32_t lane = threadIdx.x;
-    // one round trip: every block's (max, mass) and every list's head
+    // one round trip: every block's (max, mass) and list (make_block_list): entry e of the cluster's list is entry
+    // e % NEAR_PER_BLOCK of block e / NEAR_PER_BLOCK, lane l's e = l + 32 m
     const unsigned long long mine =
         lane < S::CLUSTER ? kdt::load_from_block(&s.pub_value[buffer], lane) : pack_max_sum({-__builtin_huge_valf(), 0.f});
-    unsigned long long head[HEADS];  // lane l's lists: HEADS * l .. HEADS * l + HEADS - 1
+    constexpr int ENTRIES = S::CLUSTER * NEAR_PER_BLOCK / 32;
+    static_assert(ENTRIES * 32 == S::CLUSTER * NEAR_PER_BLOCK, "block lists");
+    const uint32_t block_count = lane < S::CLUSTER ? kdt::load_from_block(&s.block_near_count[buffer], lane) : 0u;
+    unsigned long long block_token[ENTRIES];
+    float block_noise[ENTRIES];
 #pragma unroll
-    for (int k = 0; k < HEADS; ++k) {
-        const uint32_t list = HEADS * lane + k;
-        head[k] = kdt::load_from_block(&s.near_head[buffer][list % WARPS], list / WARPS);
+    for (int m = 0; m < ENTRIES; ++m) {
+        const uint32_t e = lane + 32 * m;
+        block_token[m] = kdt::load_from_block(&s.block_near[buffer][e % NEAR_PER_BLOCK], e / NEAR_PER_BLOCK);
+        block_noise[m] = kdt::load_from_block(&s.block_noise[buffer][e % NEAR_PER_BLOCK], e / NEAR_PER_BLOCK);
     }
-    const MaxSum row = unpack_max_sum(
-        warp_reduce(mine, [&](unsigned long long a, unsigned long long b) { return merged_max_sum(a, b, to_log2); }));
+    const MaxSum row =
+        unpack_max_sum(__shfl_sync(0xffffffffu, warp_reduce<CLUSTER_MAX / 2>(mine, MaxSumMerge{to_log2}), 0));
     const auto verdict = [&](NearVerdict what, int token) {
         if (lane == 0) {
             s.near_verdict = (static_cast<unsigned long long>(what) << 32) | static_cast<uint32_t>(token);
@@ -720,7 +872,20 @@ __device__ void near_from_lists(int buffer, float to_log2, float top_p, uint2 ke
     if (position == NO_POSITION) return verdict(NEAR_UNREACHED, 0);
     const float inv_t = d.inv_temperature;
     const float z_max = kdt::ordered_float(order_key(row.m * inv_t)), z_near = z_max - NEAR_NATS;
-    // a list is needed where its warp's largest logit reaches z_near; one cut short there: the second pass
+    const double need = static_cast<double>(top_p) * static_cast<double>(row.l) * MASS_ONE;
+    // the blocks' lists, where every one needed was made: the draw from registers
+    const float block_top = unpack_max_sum(mine).m;
+    const int drawn = decide_block_lists<S>(block_count, lane < S::CLUSTER && block_top * inv_t >= z_near, block_token,
+                                            block_noise, z_max, z_near, need, s);
+    if (drawn != -2) return verdict(drawn >= 0 ? NEAR_DRAWN : NEAR_LEVELS, drawn);
+    // else the warps' lists, their heads in another round trip: one is needed where its warp's largest logit reaches
+    // z_near; one cut short: the second pass
+    unsigned long long head[HEADS];  // lane l's lists: HEADS * l .. HEADS * l + HEADS - 1
+#pragma unroll
+    for (int k = 0; k < HEADS; ++k) {
+        const uint32_t list = HEADS * lane + k;
+        head[k] = kdt::load_from_block(&s.near_head[buffer][list % WARPS], list / WARPS);
+    }
     uint32_t length[HEADS];
     bool cut_short = false;
 #pragma unroll
@@ -755,8 +920,8 @@ __device__ void near_from_lists(int buffer, float to_log2, float top_p, uint2 ke
     merge_listed<32>(buffer, order_key(z_near), s);
     const uint32_t n = s.n_merged;
     if (n > NEAR_WARP_TOKENS) return verdict(NEAR_DECIDE, 0);
-    const int token = decide_near<32>(n, static_cast<double>(top_p) * static_cast<double>(row.l) * MASS_ONE, z_max,
-                                      key, static_cast<uint32_t>(position), static_cast<uint32_t>(position >> 32), s);
+    const int token = decide_near<32>(n, need, z_max, key, static_cast<uint32_t>(position),
+                                      static_cast<uint32_t>(position >> 32), s);
     verdict(token >= 0 ? NEAR_DRAWN : NEAR_LEVELS, token);
 }
 
@@ -840,8 +1005,12 @@ __device__ int draw(Draw<Tin, S>& d, float temperature, int top_k, float top_p, 
         // 0 draws from the lists where it can, else the block goes on as its verdict says
         const float to_log2 = inv_t * 1.4426950408889634f;
         const int buffer = cluster_publish(
-            pack_max_sum(chunk_max_sum_near(d, to_log2, d.round & 1, s)), pack_max_sum({-__builtin_huge_valf(), 0.f}),
-            [&](unsigned long long a, unsigned long long b) { return merged_max_sum(a, b, to_log2); }, d, s);
+            pack_max_sum(chunk_max_sum_near(d, to_log2, d.round & 1, s)),
+            pack_max_sum({-__builtin_huge_valf(), 0.f}),
+            MaxSumMerge{to_log2}, d, s,
+            [&](int published) {
+                if (threadIdx.x >> 5 == 1) make_block_list(published, inv_t, position_of(), key, s);
+            });
         if (threadIdx.x < 32) near_from_lists(buffer, to_log2, top_p, key, position_of, d, s);
         __syncthreads();
         const unsigned long long verdict = s.near_verdict;
