@@ -150,7 +150,9 @@ def _checked_plan(spec: StageSpec, inputs: Mapping[str, ArraySpec], params: Mapp
     if spec.check_launch is not None:
         spec.check_launch(shapes, dtypes, dict(params))
     launcher = runtime.launcher(spec)
-    return launcher.plan(dict(inputs), dict(params), target, make_knobs(launcher.Knobs, knobs))
+    made = make_knobs(launcher.Knobs, knobs)
+    plan = launcher.plan(dict(inputs), dict(params), target, made)
+    return plan.overlapping_previous() if made.overlap_previous else plan
 
 
 @functools.lru_cache(maxsize=4096)

@@ -41,6 +41,7 @@
 //
 // Design, proofs (ordering, bounds, error budget), SASS figures and timings: plans/kernels/topk.md.
 
+#include "common/ptx.cuh"
 #include "topk/config.cuh"
 #include "topk/gate.cuh"
 #include "topk/radix.cuh"
@@ -77,6 +78,7 @@ extern "C" __constant__ int kdt_topk_resident_narrow_min_smem = topk::ResNarrow:
     extern "C" __global__ void __launch_bounds__(topk::SMALL_THREADS, topk::SMALL_MIN_BLOCKS) NAME(            \
         const TIN* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp,              \
         unsigned char* __restrict__ ws, int vocab, int V, int chunk, int S) {                                 \
+        kdt::after_previous_launch();                                                                         \
         topk::small_impl<TIN, VT, CLUSTER>(logits, top_ids, top_logp, ws, vocab, V, chunk, S);                \
     }
 #define KDT_TOPK_SMALL(DT, TIN, VT)                                                                           \
@@ -97,6 +99,7 @@ KDT_TOPK_SMALL_ALL_VT(bf16, uint16_t)
         __launch_bounds__(topk::RES_THREADS, SHAPE::min_blocks)                                               \
         NAME(const TIN* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp,         \
              int vocab, int V, int chunk) {                                                                   \
+        kdt::after_previous_launch();                                                                         \
         topk::resident_impl<TIN, SHAPE>(logits, top_ids, top_logp, vocab, V, chunk);                          \
     }
 KDT_TOPK_RESIDENT(kdt_topk_resident_wide_f32, float, topk::ResWide)
@@ -109,6 +112,7 @@ KDT_TOPK_RESIDENT(kdt_topk_resident_narrow_bf16, uint16_t, topk::ResNarrow)
     extern "C" __global__ void __launch_bounds__(topk::GEN_THREADS, 1)                                        \
         NAME(const TIN* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp,         \
              int vocab, int V) {                                                                              \
+        kdt::after_previous_launch();                                                                         \
         topk::general_impl<TIN>(logits, top_ids, top_logp, vocab, V);                                         \
     }
 KDT_TOPK_GENERAL(kdt_topk_general_f32, float)
@@ -119,6 +123,7 @@ KDT_TOPK_GENERAL(kdt_topk_general_bf16, uint16_t)
     extern "C" __global__ void __launch_bounds__(topk::GATE_THREADS, 1)                                       \
         NAME(const TIN* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp,         \
              int vocab, int V, int capacity) {                                                                \
+        kdt::after_previous_launch();                                                                         \
         topk::gate_impl<TIN>(logits, top_ids, top_logp, vocab, V, capacity);                                  \
     }
 KDT_TOPK_GATE(kdt_topk_gate_f32, float)

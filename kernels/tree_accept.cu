@@ -29,6 +29,7 @@
 // Limits (the launcher raises beyond): 1 <= N <= kdt_tree_accept_max_nodes (1024); K >= 0; 1 <= vocab < 2^31;
 //   G * N * S < 2^31 blocks; NaN logits are rejected before launch (-inf is legal).
 
+#include "common/ptx.cuh"
 #include "tree_accept/argmax.cuh"
 #include "tree_accept/config.cuh"
 #include "tree_accept/walk.cuh"
@@ -48,6 +49,7 @@ tree_accept_from_predict(const int* __restrict__ token, const int* __restrict__ 
                          int num_slots, int max_depth, int* __restrict__ accept_len, int* __restrict__ accept_index,
                          int* __restrict__ accept_tokens) {
     __shared__ WalkSmem smem[kWalkWarps];
+    kdt::after_previous_launch();
     const int warp = kWalkWarps == 1 ? 0 : static_cast<int>(threadIdx.x) >> 5;
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int g = static_cast<int>(blockIdx.x) * kWalkWarps + warp;
@@ -91,6 +93,7 @@ tree_accept_from_logits(const void* __restrict__ target_logits, int logits_bf16,
     __shared__ float red_v[kArgmaxThreads / 32];
     __shared__ int red_i[kArgmaxThreads / 32];
     __shared__ int is_last;
+    kdt::after_previous_launch();
 
     const int tid = static_cast<int>(threadIdx.x);
     const int lane = tid & 31;

@@ -32,6 +32,7 @@
 //
 // Limits: 1 <= B <= 1023, 1 <= K <= 64, 1 <= V <= 1024, any combination (kdt_tree_build_max_*).
 
+#include "common/ptx.cuh"
 #include "tree_build/layout.cuh"
 #include "tree_build/serial.cuh"
 
@@ -61,6 +62,7 @@ __device__ unsigned long long kdt_tree_build_select_runs = 0ull;
         int cap, int cap3, int* __restrict__ n_nodes, int* __restrict__ parent, int* __restrict__ depth,       \
         int* __restrict__ token, int* __restrict__ rank, float* __restrict__ logw,                              \
         int* __restrict__ first_child, int* __restrict__ next_sibling, uint32_t* __restrict__ mask) {           \
+        kdt::after_previous_launch();                                                                           \
         tree_build_body<NPL, PARTIAL, SELECT>(top_logp, top_ids, K, V, B, Vs, cap, cap3, n_nodes, parent, depth, \
                                               token, rank, logw, first_child, next_sibling, mask);              \
     }

@@ -33,6 +33,7 @@
 
 #include <stdint.h>
 
+#include "common/ptx.cuh"
 #include "tree_sample/depth.cuh"
 #include "tree_sample/draw.cuh"
 
@@ -261,6 +262,7 @@ extern "C" __global__ void __cluster_dims__(ts::Eight::CLUSTER, 1, 1) __launch_b
                          const long long* __restrict__ position, int* __restrict__ accept_len,
                          int* __restrict__ accept_index, int* __restrict__ accept_tokens) {
     __shared__ ts::Smem s;
+    kdt::after_previous_launch();
     const ts::Request q = ts::request<ts::Eight>(static_cast<int>(blockIdx.x / ts::Eight::CLUSTER), temperature,
                                                  top_k, top_p, seed, position);
     const size_t row0 = static_cast<size_t>(q.g) * static_cast<size_t>(num_slots);
@@ -285,6 +287,7 @@ extern "C" __global__ void __cluster_dims__(ts::Eight::CLUSTER, 1, 1) __launch_b
              int* __restrict__ accept_index, int* __restrict__ accept_tokens) {                                     \
         __shared__ ts::Smem s;                                                                                      \
         __shared__ ts::TreeSmem tree;                                                                               \
+        kdt::after_previous_launch();                                                                               \
         if (bf16)                                                                                                   \
             ts::every_slot<SHAPE>(static_cast<const uint16_t*>(target_logits), vocab, token, first_child,           \
                                   next_sibling, num_slots, max_depth, temperature, top_k, top_p, seed, position,    \

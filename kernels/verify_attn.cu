@@ -45,6 +45,7 @@
 
 #include <stdint.h>
 
+#include "common/ptx.cuh"
 #include "verify_attn/config.cuh"
 #include "verify_attn/mainloop_mma.cuh"
 #if defined(KDT_SMEM_99KB)
@@ -83,7 +84,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
     const va::FwdParams p{q, kv_cache, block_table, prefix_len, kv_tree, mask, n_nodes, G, N, H, max_pages, W,
                           scale_log2e, num_splits, value_split, out_bf16, out, lse, part_o, part_lse};
     const int tid = threadIdx.x;  // read here: only the kernel's own read carries its launch bounds
-    kdt::launch_dependents();     // the combine's blocks may start now, on the SMs this launch leaves idle
+    kdt::after_previous_launch();  // then the combine's blocks may start, on the SMs this launch leaves idle
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     va::attend_wgmma(p, smem, tid);
 #elif defined(KDT_SMEM_99KB)
@@ -127,6 +128,7 @@ extern "C" __global__ void __launch_bounds__(va::COMBINE_GROUP_THREADS * va::COM
     float lse_out = NEG_INF;
     if (r < active) {
         kdt::wait_for_prior_launches();  // launched while the main kernel may still run (plan: overlaps_previous)
+        kdt::launch_dependents();        // then the next launch's blocks (a block that returns above lets them in)
         const float4* src =
             reinterpret_cast<const float4*>(part_o + (static_cast<size_t>(g) * Rpad + r) * DV + col);
         const size_t src_stride = split_stride * (DV / 4);

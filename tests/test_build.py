@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -68,6 +69,50 @@ def test_every_kernel_compiles_without_warnings(kernel, arch):
     again = build.build(kernel, arch)
     assert again.cached and again.cubin == result.cubin and again.constants == result.constants
     assert again.resources == result.resources
+
+
+# SASS opcodes (before the first '.') that read or write global memory, or memory by a generic address.
+GLOBAL_MEMORY_OPCODES = {"LDG", "STG", "LDGSTS", "ATOMG", "RED", "ATOM", "LD", "ST", "CCTL", "UBLKCP", "UBLKPF",
+                         "UBLKRED", "UTMALDG", "UTMAPF", "UTMASTG", "UTMAREDG"}
+# Entry points whose wait for the previous launch comes later, and why that is sound.
+WAITS_LATER = {"kdt_verify_attn_combine": "it reads n_nodes, a step input, before its wait; it only ever follows its "
+                                          "main kernel, which let it in after waiting itself"}
+
+
+def _sass_opcodes(disassembly: str, function: str) -> list[str]:
+    """The opcodes of `function` in address order, from nvdisasm's listing."""
+    opcodes, inside = [], False
+    for line in disassembly.splitlines():
+        if line.startswith("//----") and ".text." in line:
+            inside = line.split(".text.", 1)[1].split()[0] == function
+        elif inside and line.lstrip().startswith("/*") and "*/" in line:
+            words = line.split("*/", 1)[1].replace(";", " ").split()
+            words = words[1:] if words and words[0].startswith("@") else words
+            if words:
+                opcodes.append(words[0].split(".")[0])
+    return opcodes
+
+
+@pytest.mark.nvcc
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
+@pytest.mark.parametrize("kernel", stages.names())
+def test_every_entry_point_waits_for_the_previous_launch_before_touching_memory(kernel, arch):
+    """The knob overlap_previous lets a plan's first kernel start before the launch ahead of it ends. That is sound
+    only where every entry point waits for that launch (griddepcontrol.wait: SASS ACQBULK) before its first global
+    memory access, and it gains only where each lets the next launch in (launch_dependents: PREEXIT)."""
+    nvdisasm = toolkit.find_cuda_tool("nvdisasm")
+    assert nvdisasm is not None, "nvdisasm (the test extra's nvidia-cuda-nvdisasm) not found"
+    result = build.build(kernel, arch)
+    listing = subprocess.run([str(nvdisasm), "-c", str(result.cubin)], capture_output=True, text=True, check=True)
+    for function in (r.function for r in result.resources):
+        opcodes = _sass_opcodes(listing.stdout, function)
+        assert "ACQBULK" in opcodes and "PREEXIT" in opcodes, f"{function}: no griddepcontrol wait or launch"
+        if function in WAITS_LATER:
+            continue
+        first_access = next((i for i, op in enumerate(opcodes) if op in GLOBAL_MEMORY_OPCODES), len(opcodes))
+        assert opcodes.index("ACQBULK") < first_access, \
+            f"{function} ({arch}) touches global memory ({opcodes[first_access]}) before its wait"
 
 
 @pytest.mark.nvcc

@@ -3,6 +3,7 @@ shape and golden case on both arches, each path's choice, and the knobs."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import numpy as np
@@ -61,6 +62,26 @@ def test_every_bench_shape_and_golden_case_has_a_plan_within_the_arch(kernel, ar
             assert 0 < launch.block <= 1024
             assert launch.dynamic_smem + functions[launch.function].shared_bytes <= smem_limit, (name, launch)
             assert launch.cluster <= cluster_limit and launch.grid[0] % launch.cluster == 0, (name, launch)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("kernel", stages.names())
+def test_overlap_previous_makes_only_the_first_launch_overlap(kernel, targets):
+    """Every stage has the knob, off by default; on, the plan's first launch overlaps the launch before it and the
+    others keep their launcher's choice (verify-attn's combine overlaps its main kernel either way)."""
+    spec = stages.get(kernel)
+    target = targets(kernel, "sm_90")
+    for name, inputs, params in _items(spec):
+        plain = ops.plan_for(spec, inputs, params, target)
+        overlapping = ops.plan_for(spec, inputs, params, target, {"overlap_previous": "true"})
+        if not plain.launches:
+            assert not overlapping.launches, name
+            continue
+        assert not plain.launches[0].overlaps_previous, name
+        assert overlapping.launches[0].overlaps_previous, name
+        assert overlapping.launches[0] == dataclasses.replace(plain.launches[0], overlaps_previous=True), name
+        assert overlapping.launches[1:] == plain.launches[1:], name
+        assert overlapping.rows()[0]["overlaps previous"] and overlapping.knobs.overlap_previous
 
 
 def _topk(target, rows, vocab, V, dtype="float32", alignment=256, **knobs):

@@ -111,6 +111,14 @@ class LaunchPlan:
     def fact(self, name: str):
         return dict(self.facts)[name]
 
+    def overlapping_previous(self) -> LaunchPlan:
+        """This plan with its first launch overlapping the launch before it in the stream (the knob
+        `overlap_previous`); the launches after it keep what their launcher chose."""
+        if not self.launches:
+            return self
+        first = dataclasses.replace(self.launches[0], overlaps_previous=True)
+        return dataclasses.replace(self, launches=(first, *self.launches[1:]))
+
     def rows(self) -> list[dict]:
         """One printable dict per launch."""
         return [{"function": k.function, "grid": "x".join(map(str, k.grid)), "block": k.block,
@@ -155,6 +163,16 @@ def knob_help(knobs_type) -> dict[str, str]:
 def knob(default, help: str):
     """A knob field: its default and what it changes."""
     return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class LaunchKnobs:
+    """The knobs every stage has: each launcher's Knobs derives from this, and kdt.ops applies them to its plan."""
+
+    overlap_previous: bool = knob(False, "the plan's first kernel by programmatic dependent launch: its blocks start "
+                                         "while the launch before it in the stream ends, and wait for that launch "
+                                         "before touching memory (every kdt entry point waits, then lets the next "
+                                         "launch in)")
 
 
 def make_knobs(knobs_type, overrides: Mapping[str, object] | None, argument: str = "knobs"):

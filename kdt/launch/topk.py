@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchPlan, NULL, Target, Workspace, cdiv, knob
+from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchKnobs, LaunchPlan, NULL, Target, Workspace, cdiv, knob
 
 import numpy as np
 
@@ -38,7 +38,7 @@ RESIDENT_SHAPES = ("wide", "narrow")
 
 
 @dataclass(frozen=True)
-class Knobs:
+class Knobs(LaunchKnobs):
     blocks_per_sm: int = knob(3, "small path: resident blocks per SM the split aims for (256 threads, <= 80 "
                                  "registers; 74 KB smem on sm_90, 30 KB on sm_120)")
     many_rows_waves: int = knob(2, "small path, rows >= one wave of blocks: waves of blocks in all (swept on the "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchPlan, Target, Workspace, cdiv, knob
+from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchKnobs, LaunchPlan, Target, Workspace, cdiv, knob
 
 PREFIX = "kdt_tree_accept_"
 MAX_BLOCKS = 2**31 - 1
@@ -21,7 +21,7 @@ TREE = ("token", "first_child", "next_sibling")
 
 
 @dataclass(frozen=True)
-class Knobs:
+class Knobs(LaunchKnobs):
     splits: int | None = knob(None, "fused argmax: vocabulary splits per row; None: enough blocks for two full "
                                     "waves, no split under split_min_vectors 16-byte vectors")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchPlan, Target, knob
+from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchKnobs, LaunchPlan, Target, knob
 from kdt.refs.errors import BadInput
 
 PREFIX = "kdt_tree_build_"
@@ -30,7 +30,7 @@ SELECT_MAX_POOL = 4096
 
 
 @dataclass(frozen=True)
-class Knobs:
+class Knobs(LaunchKnobs):
     select_min_budget: int | None = knob(None, "the smallest budget offered the select path (None: the kernel's "
                                                "kdt_tree_build_select_min_budget; 1 forces it, 1024 never)")
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchPlan, Target, Workspace, knob
+from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchKnobs, LaunchPlan, Target, Workspace, knob
 from kdt.launch.tree_accept import OUTPUTS
 
 PREFIX = "kdt_tree_sample_"
@@ -29,7 +29,7 @@ SAMPLING = ("temperature", "top_k", "top_p", "seed", "position")
 
 
 @dataclass(frozen=True)
-class Knobs:
+class Knobs(LaunchKnobs):
     every_slot_blocks_per_sm: int = knob(4, "draw every slot at once when its G * N clusters need at most this many "
                                             "blocks per multiprocessor (0: always walk)")
     six_block_waves: int = knob(2, "the every-slot path in clusters of six blocks, one a multiprocessor "

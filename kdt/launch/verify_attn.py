@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdt.launch.plan import NULL, ArraySpec, KernelLaunch, LaunchPlan, Target, Workspace, cdiv, knob
+from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchKnobs, LaunchPlan, NULL, Target, Workspace, cdiv, knob
 
 LOG2E = 1.4426950408889634
 FWD = "kdt_verify_attn_fwd"
@@ -32,7 +32,7 @@ COMBINE = "kdt_verify_attn_combine"
 
 
 @dataclass(frozen=True)
-class Knobs:
+class Knobs(LaunchKnobs):
     min_tiles_per_split: int = knob(3, "a split streams at least this many key tiles of kdt_verify_attn_kv_tile "
                                        "keys (3 pages on sm_90a, 48 keys on the sm_120 configuration): it "
                                        "amortises its Q load and its partial write")

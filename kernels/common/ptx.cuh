@@ -20,6 +20,15 @@ __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontr
 // not launched with programmatic stream serialization.
 __device__ __forceinline__ void wait_for_prior_launches() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+// Every entry point's first statement (the launch knob `overlap_previous`): the launch before this one done and its
+// writes visible, then the next launch's blocks let in. In this order a launch's dependents start only after it has
+// waited itself, so a chain of overlapping launches stays in stream order for memory: only block launch and the
+// work before each wait overlap.
+__device__ __forceinline__ void after_previous_launch() {
+    wait_for_prior_launches();
+    launch_dependents();
+}
+
 // The shared-window address of a shared-memory object (what PTX's shared-state operands take).
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
