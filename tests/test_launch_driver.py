@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import ctypes
 import subprocess
+import sys
+import types
+
+import numpy as np
 
 import pytest
 
@@ -41,3 +45,19 @@ def test_launch_structures_match_cuda_h(tmp_path):
             config.shared_mem.offset, config.stream.offset, config.attrs.offset, config.num_attrs.offset,
             common.PROGRAMMATIC_STREAM_SERIALIZATION]
     assert ours == header
+
+
+def test_packed_arguments_put_each_one_where_its_pointer_says():
+    """What the driver copies into the kernel's parameters: each argument's bytes at the address its pointer holds
+    (a device pointer, and numpy scalars of every type the plans pass), the buffer kept alive with them."""
+    array = types.SimpleNamespace(data=types.SimpleNamespace(ptr=0x7F00_1234_5678))
+    args = (array, np.int32(-3), np.float32(0.5), np.uint64(2**63 + 5), np.uint32(7), np.int64(-(2**40)),
+            np.float64(1.25), array)
+    buffer, pointers = common._packed_arguments(args)
+    assert len(pointers) == len(args)
+    for arg, pointer in zip(args, pointers):
+        got = ctypes.string_at(pointer, 8)
+        expected = arg.tobytes() if isinstance(arg, np.generic) else arg.data.ptr.to_bytes(8, sys.byteorder)
+        assert got[:len(expected)] == expected, (arg, got)
+    assert ctypes.addressof(buffer) == pointers[0]
+    assert len(common._packed_arguments(())[1]) == 1   # the driver reads no parameter, but the array exists

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import itertools
-import sys
+import struct
 from typing import Mapping
 
 import numpy as np
@@ -89,16 +88,27 @@ def _programmatic_serialization():
     return ctypes.pointer(attribute)
 
 
+# struct format of one argument in its 8-byte slot, native byte order: a device pointer, or a numpy scalar by type
+_POINTER_SLOT = "Q"
+_SCALAR_SLOTS = {np.int32: "i4x", np.uint32: "I4x", np.float32: "f4x", np.int64: "q", np.uint64: "Q",
+                 np.float64: "d"}
+
+
 def _packed_arguments(args: tuple) -> tuple[ctypes.Array, ctypes.Array]:
     """(one buffer of every argument's bytes, the array of pointers into it that the driver reads them through).
-    An argument is its bytes (an array's device pointer in native order, a numpy scalar as it is), each at an 8-byte
-    aligned offset. One buffer for all: a buffer and a cast per argument made most of the launch's host time."""
-    values = [arg.tobytes() if isinstance(arg, np.generic) else arg.data.ptr.to_bytes(8, sys.byteorder)
-              for arg in args]
-    slots = [value.ljust(-(-len(value) // 8) * 8, b"\0") for value in values]
-    buffer = ctypes.create_string_buffer(b"".join(slots))
-    addresses = itertools.accumulate([len(slot) for slot in slots[:-1]], initial=ctypes.addressof(buffer))
-    return buffer, (ctypes.c_void_p * max(1, len(slots)))(*addresses)
+    An argument is its bytes (an array's device pointer, a numpy scalar as it is) in its own 8-byte slot, all
+    packed by one struct.pack: the bytes of each argument apart, and a cast each, took twice the host time."""
+    layout, values = "=", []
+    for arg in args:
+        if isinstance(arg, np.generic):
+            layout += _SCALAR_SLOTS[type(arg)]
+            values.append(arg)
+        else:
+            layout += _POINTER_SLOT
+            values.append(arg.data.ptr)
+    buffer = ctypes.create_string_buffer(struct.pack(layout, *values))
+    base = ctypes.addressof(buffer)
+    return buffer, (ctypes.c_void_p * max(1, len(args)))(*range(base, base + 8 * len(args), 8))
 
 
 def _launch_overlapping(function, launch: KernelLaunch, args: tuple, stream) -> None:
