@@ -416,6 +416,17 @@ def test_cli_bad_option_exits_3_naming_it(root):
     assert "--draft-quality" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_overlapping_launches_are_the_gpu_backends_alone(root):
+    """--overlap-previous changes how kernels are launched: the CPU backend has none, and says so."""
+    assert replace(SMALL, backend="gpu", overlap_previous=True).knobs == {"overlap_previous": True}
+    assert SMALL.knobs == {}
+    with pytest.raises(BadInput) as error:
+        validate(replace(SMALL, overlap_previous=True))
+    assert error.value.argument == "--overlap-previous" and "--backend cpu" in str(error.value)
+    done = kdt("pipeline", "--backend", "cpu", "--overlap-previous", cwd=root)
+    assert done.returncode == 3 and "--overlap-previous" in done.stderr and "Traceback" not in done.stderr
+
+
 # ---- the pieces ----------------------------------------------------------------------------------------------
 
 
@@ -548,6 +559,16 @@ def test_gpu_sampling_equals_plain_sampling_and_the_cpu_run(temperature, top_k, 
     assert gpu.steps > 1 and gpu.tokens_per_target_call >= 1.0
     if temperature >= 30:  # hot enough that the text leaves the greedy one: the kernel really sampled
         assert not np.array_equal(gpu.generated, argmax_decode(config))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (0.8, 0.95)])
+def test_gpu_with_overlapping_launches_decodes_as_the_cpu(temperature, top_p):
+    """Every kdt stage of the step graph launched to overlap the launch before it (programmatic dependent launch):
+    each waits for its inputs, so the text and every stage's outputs stay the CPU run's."""
+    config = replace(GPU_CONFIG, temperature=temperature, top_p=top_p, draft_quality=0.8, overlap_previous=True)
+    gpu = assert_the_gpu_decodes_as_the_cpu(config)
+    assert gpu.steps > 1 and len(gpu.graph_ms) == gpu.steps
 
 
 @pytest.mark.gpu

@@ -26,6 +26,10 @@ def command(batch: int = typer.Option(8, "--batch", help="requests decoded toget
             top_k: int = typer.Option(0, "--top-k", help="sampling: keep the K most probable tokens (0: off)"),
             top_p: float = typer.Option(1.0, "--top-p", help="sampling: keep the fewest most probable tokens of "
                                                              "probability >= P (0 < P <= 1; 1: off)"),
+            overlap_previous: bool = typer.Option(False, "--overlap-previous",
+                                                  help="GPU: every kdt stage's first launch by programmatic "
+                                                       "dependent launch (the knob overlap_previous), so in the step "
+                                                       "graph its blocks start while the launch before it ends"),
             json_file: Optional[Path] = typer.Option(None, "--json", help="write every number as JSON"),
             arch: Optional[str] = RunArchOption, sms: Optional[int] = SmsOption):
     """DDTree speculative decoding end to end on a synthetic target/drafter pair, greedy or sampled; exit 1 unless
@@ -35,5 +39,6 @@ def command(batch: int = typer.Option(8, "--batch", help="requests decoded toget
     select_run(arch, sms)
     config = pipeline.PipelineConfig(batch=batch, budget=budget, depth=depth, topk=topk, tokens=tokens, seed=seed,
                                      backend=backend, draft_quality=draft_quality, vocab=vocab,
-                                     temperature=temperature, top_k=top_k, top_p=top_p)
+                                     temperature=temperature, top_k=top_k, top_p=top_p,
+                                     overlap_previous=overlap_previous)
     raise typer.Exit(pipeline.command(config, json_file))

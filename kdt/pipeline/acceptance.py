@@ -146,7 +146,7 @@ def accept_on_gpu(config: PipelineConfig, tree, target_logits, sampling: dict, *
 
     inputs = _gpu_inputs(tree, target_logits, sampling)
     return ops.Acceptance(**ops.run(stage_name(config), inputs, {"max_depth": config.depth}, out=out,
-                                    workspace=workspace))
+                                    workspace=workspace, knobs=config.knobs))
 
 
 def gpu_workspace(config: PipelineConfig, tree, target_logits, sampling: dict):
@@ -154,4 +154,4 @@ def gpu_workspace(config: PipelineConfig, tree, target_logits, sampling: dict):
     from kdt import ops
 
     return ops.workspace_for(stage_name(config), _gpu_inputs(tree, target_logits, sampling),
-                             {"max_depth": config.depth})
+                             {"max_depth": config.depth}, knobs=config.knobs)

@@ -32,6 +32,12 @@ class PipelineConfig:
     temperature: float = 0.0   # 0: greedy (tree-accept); > 0: sampling (tree-sample)
     top_k: int = 0             # sampling: keep the top_k most probable tokens; 0: off
     top_p: float = 1.0         # sampling: keep the smallest set of probability >= top_p; 1: off
+    overlap_previous: bool = False  # GPU: every kdt stage's first launch by programmatic dependent launch (the knob)
+
+    @property
+    def knobs(self) -> dict:
+        """The launch knobs every kdt stage of the GPU step runs with."""
+        return {"overlap_previous": True} if self.overlap_previous else {}
 
     @property
     def slots(self) -> int:
@@ -57,6 +63,8 @@ def validate(config: PipelineConfig) -> None:
     require(1 <= config.topk <= min(ref_topk.MAX_K, config.vocab), "--topk",
             f"an integer in [1, min({ref_topk.MAX_K}, --vocab={config.vocab})]", config.topk)
     require(config.tokens >= 1, "--tokens", "an integer >= 1", config.tokens)
+    require(config.backend == "gpu" or not config.overlap_previous, "--overlap-previous",
+            "the GPU backend (it changes how kernels are launched)", f"--backend {config.backend}")
     require(0 <= config.seed <= MAX_SEED, "--seed", "an integer in [0, 2^64)", config.seed)
     quality = config.draft_quality
     require(isinstance(quality, (int, float)) and 0.0 <= quality <= 1.0, "--draft-quality", "a number in [0, 1]",

@@ -88,8 +88,9 @@ class GpuStep:
                                            accept_tokens=cp.zeros((G, K + 1), cp.int32))
             self.draft_target = cp.zeros((G, vocab), cp.float32)
             # workspaces sized as ops.run would size them, so nothing is allocated inside a capture
-            self.topk_workspace = ops.workspace_for("topk", {"logits": self.logits}, {"k": V})
-            self.build_workspace = ops.workspace_for("tree-build", self.top._asdict(), {"budget": config.budget})
+            self.topk_workspace = ops.workspace_for("topk", {"logits": self.logits}, {"k": V}, knobs=config.knobs)
+            self.build_workspace = ops.workspace_for("tree-build", self.top._asdict(), {"budget": config.budget},
+                                                     knobs=config.knobs)
             self.sampling = acceptance.gpu_sampling_inputs(cp, config)
             self.accept_workspace = acceptance.gpu_workspace(config, self.tree, self.target_logits, self.sampling)
         self.stages = {"topk": self.topk, "tree-build": self.tree_build, "target": self.target_at_slots,
@@ -100,11 +101,12 @@ class GpuStep:
     # the stages, on the fixed buffers ---------------------------------------------------------------------
 
     def topk(self) -> None:
-        self.ops.topk(self.logits, self.config.topk, out=self.top, workspace=self.topk_workspace)
+        self.ops.topk(self.logits, self.config.topk, out=self.top, workspace=self.topk_workspace,
+                      knobs=self.config.knobs)
 
     def tree_build(self) -> None:
         self.ops.tree_build(self.top.top_logp, self.top.top_ids, self.config.budget, out=self.tree,
-                            workspace=self.build_workspace)
+                            workspace=self.build_workspace, knobs=self.config.knobs)
 
     def target_at_slots(self) -> None:
         self.target.slot_contexts(self.tree, self.committed, self.slot_last3)

@@ -61,7 +61,7 @@ def summary_tables(result: PipelineResult):
     gpu = config.backend == "gpu"
     title = (f"kdt pipeline on {result.device}: G={config.batch} B={config.budget} K={config.depth} V={config.topk} "
              f"vocab={config.vocab} quality={config.draft_quality:g} seed={config.seed} "
-             f"{acceptance.describe(config)}")
+             f"{acceptance.describe(config)}" + (" overlap_previous" if config.overlap_previous else ""))
     numbers = Sheet(title, ("what", "value"), right=("value",), show_header=False)
     numbers.add_row("requests", str(config.batch))
     numbers.add_row("tokens generated", f"{result.tokens_generated} ({config.tokens} per request)")
