@@ -61,3 +61,5 @@ def test_packed_arguments_put_each_one_where_its_pointer_says():
         assert got[:len(expected)] == expected, (arg, got)
     assert ctypes.addressof(buffer) == pointers[0]
     assert len(common._packed_arguments(())[1]) == 1   # the driver reads no parameter, but the array exists
+    with pytest.raises(TypeError, match="int16"):
+        common._packed_arguments((np.int16(1),))

@@ -101,7 +101,11 @@ def _packed_arguments(args: tuple) -> tuple[ctypes.Array, ctypes.Array]:
     layout, values = "=", []
     for arg in args:
         if isinstance(arg, np.generic):
-            layout += _SCALAR_SLOTS[type(arg)]
+            slot = _SCALAR_SLOTS.get(type(arg))
+            if slot is None:   # a launcher's mistake: plans pass these types only
+                raise TypeError(f"a kernel argument of type {type(arg).__name__}: expected one of "
+                                f"{', '.join(t.__name__ for t in _SCALAR_SLOTS)} or a device array")
+            layout += slot
             values.append(arg)
         else:
             layout += _POINTER_SLOT
