@@ -66,7 +66,8 @@ struct Smem {
             unsigned long long merged[CAP];  // every block's gathered tokens, as gathered
             union {
                 unsigned long long sorted[CAP];  // the same, descending (the levels' cut)
-                unsigned long long mass[CAP];    // their fixed-point masses (top-p's near draw)
+                unsigned long long mass[CAP];    // their fixed-point masses (top-p's near draw; from the
+                                                 // blocks' lists, their noise)
             };
         } list;
     };
@@ -810,7 +811,7 @@ __device__ int decide_block_lists(const uint32_t block_count, const bool block_n
     const uint32_t mine = __popc(valid);
     const uint32_t through = kdt::warp_inclusive_scan(mine), n = __shfl_sync(0xffffffffu, through, 31);
     if (n > 32) return -2;
-    uint32_t slot = through - mine;
+    uint32_t slot = through - mine;  // list.mass holds each token's noise (its bits) here: the masses stay in registers
 #pragma unroll
     for (int m = 0; m < ENTRIES; ++m) {
         if (!(valid >> m & 1u)) continue;
@@ -847,7 +848,8 @@ __device__ void near_from_lists(int buffer, float to_log2, float top_p, uint2 ke
     // one round trip: every block's (max, mass) and list (make_block_list): entry e of the cluster's list is entry
     // e % NEAR_PER_BLOCK of block e / NEAR_PER_BLOCK, lane l's e = l + 32 m
     const unsigned long long mine =
-        lane < S::CLUSTER ? kdt::load_from_block(&s.pub_value[buffer], lane) : pack_max_sum({-__builtin_huge_valf(), 0.f});
+        lane < S::CLUSTER ? kdt::load_from_block(&s.pub_value[buffer], lane)
+                          : pack_max_sum({-__builtin_huge_valf(), 0.f});
     constexpr int ENTRIES = S::CLUSTER * NEAR_PER_BLOCK / 32;
     static_assert(ENTRIES * 32 == S::CLUSTER * NEAR_PER_BLOCK, "block lists");
     const uint32_t block_count = lane < S::CLUSTER ? kdt::load_from_block(&s.block_near_count[buffer], lane) : 0u;
