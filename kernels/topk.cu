@@ -18,6 +18,8 @@
 //   kdt_topk_gate_{f32,bf16}           gate path, 32 < V <= 1024, 16-byte aligned rows (topk/gate.cuh): one read
 //                                      of the row by free-running warps, the candidates above a gate kept in
 //                                      shared memory and pruned by radix select when full.
+//   kdt_topk_gate_split_{f32,bf16}     the same with S blocks per row where the rows leave SMs idle; the row's
+//                                      last block to finish merges the splits' V best through the workspace.
 //   kdt_topk_general_{f32,bf16}        general path, any V <= 1024 (topk/radix.cuh): exact radix select.
 //
 // Launch shape and limits
@@ -30,14 +32,17 @@
 //   resident: grid R*S, one cluster of S = 16 (wide; 8 on sm_120) or 8 (narrow) blocks per row, 256 threads,
 //             dynamic smem max(chunk bytes, kdt_topk_resident_*_min_smem); a chunk <= 16 (wide) / 20 (narrow)
 //             16-byte vectors per thread, vocab a multiple of 16 bytes; wide up to 7 rows, narrow beyond.
-//   gate:     grid R, 1024 threads, 8.7 KB static smem + dynamic 8 * capacity bytes, capacity =
-//             max(kdt_topk_gate_room_per_v * V, kdt_topk_gate_min_room) (V = 1024: 32 KB), + for f32 the
-//             cp.async ring, kdt_topk_gate_f32_ring_bytes (128 KB on sm_90 / sm_100, 0 on sm_120).
+//   gate:     grid R (split: R*S, block b -> row b / S, split b % S), 1024 threads, 8.9 KB static smem +
+//             dynamic 8 * capacity bytes, capacity = max(kdt_topk_gate_room_per_v * V, kdt_topk_gate_min_room)
+//             (V = 1024: 32 KB), + for f32 the cp.async ring, kdt_topk_gate_f32_ring_bytes (128 KB on sm_90 /
+//             sm_100, 0 on sm_120). Split: 1 < S <= kdt_topk_gate_max_splits (32), S * V <= capacity; workspace
+//             u32 counter[R] | uint4 record[R][S][2] | u64 entries[R][S][V], each part from a 256-byte boundary;
+//             the counters are left zero.
 //   general:  grid R, 1024 threads, ~16 KB static smem.
 //
 // Memory traffic: the logits once (small, cluster, resident) + R*V*8 bytes of outputs (+ the small path's
-// partials, S*R*(8 + 8*VT)*2 bytes); the gate path reads a row once; the general path 2 + (refining passes)
-// times, mostly from L2.
+// partials, S*R*(8 + 8*VT)*2 bytes); the gate path reads a row once (+ split rows' partials, R*S*(32 + 8*V)*2
+// bytes); the general path 2 + (refining passes) times, mostly from L2.
 //
 // Design, proofs (ordering, bounds, error budget), SASS figures and timings: plans/kernels/topk.md.
 
@@ -58,6 +63,7 @@ extern "C" __constant__ int kdt_topk_gate_threads = topk::GATE_THREADS;
 extern "C" __constant__ int kdt_topk_gate_room_per_v = topk::GATE_ROOM_PER_V;
 extern "C" __constant__ int kdt_topk_gate_min_room = topk::GATE_MIN_ROOM;
 extern "C" __constant__ int kdt_topk_gate_f32_ring_bytes = topk::GATE_F32_RING_BYTES;
+extern "C" __constant__ int kdt_topk_gate_max_splits = topk::GATE_MAX_SPLITS;
 extern "C" __constant__ int kdt_topk_max_v = topk::MAX_V;
 extern "C" __constant__ int kdt_topk_max_vocab = topk::MAX_VOCAB;
 extern "C" __constant__ int kdt_topk_small_stage_bytes = topk::SMALL_STAGE_BYTES;
@@ -118,13 +124,20 @@ KDT_TOPK_RESIDENT(kdt_topk_resident_narrow_bf16, uint16_t, topk::ResNarrow)
 KDT_TOPK_GENERAL(kdt_topk_general_f32, float)
 KDT_TOPK_GENERAL(kdt_topk_general_bf16, uint16_t)
 
-// kdt_topk_gate_<dtype>: one block per row, `capacity` buffer entries of dynamic shared memory.
-#define KDT_TOPK_GATE(NAME, TIN)                                                                              \
+// kdt_topk_gate_<dtype>: one block per row; kdt_topk_gate_split_<dtype>: S blocks per row (columns
+// [split * chunk, + chunk) each), the last merging through `ws`. `capacity` buffer entries of dynamic shared memory.
+#define KDT_TOPK_GATE(NAME, SPLIT_NAME, TIN)                                                                  \
     extern "C" __global__ void __launch_bounds__(topk::GATE_THREADS, 1)                                       \
         NAME(const TIN* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp,         \
              int vocab, int V, int capacity) {                                                                \
         kdt::after_previous_launch();                                                                         \
-        topk::gate_impl<TIN>(logits, top_ids, top_logp, vocab, V, capacity);                                  \
+        topk::gate_impl<TIN, false>(logits, top_ids, top_logp, nullptr, vocab, V, capacity, vocab, 1);        \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(topk::GATE_THREADS, 1)                                       \
+        SPLIT_NAME(const TIN* __restrict__ logits, int* __restrict__ top_ids, float* __restrict__ top_logp,   \
+                   unsigned char* __restrict__ ws, int vocab, int V, int capacity, int chunk, int S) {        \
+        kdt::after_previous_launch();                                                                         \
+        topk::gate_impl<TIN, true>(logits, top_ids, top_logp, ws, vocab, V, capacity, chunk, S);               \
     }
-KDT_TOPK_GATE(kdt_topk_gate_f32, float)
-KDT_TOPK_GATE(kdt_topk_gate_bf16, uint16_t)
+KDT_TOPK_GATE(kdt_topk_gate_f32, kdt_topk_gate_split_f32, float)
+KDT_TOPK_GATE(kdt_topk_gate_bf16, kdt_topk_gate_split_bf16, uint16_t)

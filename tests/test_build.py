@@ -47,8 +47,10 @@ def test_cache_key_follows_source_headers_arch_and_nvcc(tmp_path, monkeypatch):
 # kdt_topk_gate_*: 1,024 threads a block (the prune's radix select and sort are whole-block) leave 64 registers;
 # the spills are the saves around the noinline meeting (gate_rendezvous) and loop-carried values reloaded each step
 # (plans/kernels/topk.md, "Gate path", where the timed build has them). nvcc 13.0: f32 132 / bf16 216 bytes on
-# sm_90, 88 / 140 on sm_120.
-SPILL_STORE_BYTES_ALLOWED = {"kdt_tree_sample_slots": 256, "kdt_topk_gate_f32": 160, "kdt_topk_gate_bf16": 256}
+# sm_90, 88 / 140 on sm_120; the split kernels (the split's offset and row live through the scan) f32 120 / bf16 200
+# on sm_90a.
+SPILL_STORE_BYTES_ALLOWED = {"kdt_tree_sample_slots": 256, "kdt_topk_gate_f32": 160, "kdt_topk_gate_bf16": 256,
+                             "kdt_topk_gate_split_f32": 160, "kdt_topk_gate_split_bf16": 256}
 
 
 @pytest.mark.nvcc

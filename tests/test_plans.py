@@ -100,7 +100,8 @@ def test_topk_paths_by_rows_and_fan_out(targets):
     assert _topk(h200, 64 * 15, 163840, 8).path == "small"
     middle = _topk(h200, 8 * 15, 163840, 8)
     assert middle.path == "small" and 1 < middle.fact("splits") < 8 and middle.workspace_bytes > 0
-    assert _topk(h200, 15, 163840, 64).path == "gate"
+    assert _topk(h200, 15, 163840, 64).path == "gate-split"   # few rows: split (test_topk_gate_splits_...)
+    assert _topk(h200, 120, 163840, 64).path == "gate"
     # f32 rows stream through a two-step ring of 1,024 x 4 vectors after the buffer; bf16 and sm_120 load registers
     assert _topk(h200, 15, 163840, 64).launches[0].dynamic_smem == 8 * 2048 + 2 * 4 * 1024 * 16
     assert _topk(h200, 15, 163840, 1024, "bfloat16").launches[0].dynamic_smem == 8 * 4096
@@ -116,6 +117,29 @@ def test_topk_paths_by_rows_and_fan_out(targets):
     assert wide.path == "gate" and wide.launches[0].dynamic_smem == 8 * wide.fact("buffer entries") <= 64 * 1024
     # the buffer: max(4 V, 2048) entries (a prune keeps at most 1.5 V; the prune mark is min(2 V + 128, half))
     assert [_topk(sm120, 15, 163840, V).fact("buffer entries") for V in (33, 512, 1024)] == [2048, 2048, 4096]
+
+
+@pytest.mark.nvcc
+def test_topk_gate_splits_rows_that_leave_sms_idle(targets):
+    h200 = targets("topk", "sm_90")   # 132 SMs
+    # G1 K15: 8 blocks a row fill 120 SMs; V = 1,024 merges at most 4 V best in its 4,096-entry buffer
+    assert [_topk(h200, 15, 163840, V).fact("splits") for V in (64, 256)] == [8, 8]
+    wide = _topk(h200, 15, 163840, 1024, "bfloat16")
+    assert wide.fact("splits") == 4 and wide.launches[0].grid == (60, 1, 1)
+    assert wide.fact("chunk") * 4 >= 163840 > wide.fact("chunk") * 3 and wide.fact("chunk") % 64 == 0
+    # the workspace: counters, a 32-byte record a split, V composites a split (each part 256-byte aligned)
+    assert wide.workspace_bytes == 256 + 2048 + 15 * 4 * 1024 * 8   # 1,920 record bytes, padded
+    # one block per row where the rows fill the SMs, or the row is short, or the knob asks for it
+    assert _topk(h200, 8 * 15, 163840, 64).fact("splits") == 1
+    assert _topk(h200, 8 * 15, 163840, 64).workspace_bytes == 0
+    assert _topk(h200, 2, 16384, 64).fact("splits") == 1
+    assert _topk(h200, 15, 163840, 64, gate_min_chunk=163840).fact("splits") == 1
+    assert _topk(h200, 2, 65536, 64, gate_min_chunk=1024).fact("splits") == 32   # the merge's record warp
+    # every split holds columns: S = ceil(vocab / chunk)
+    for vocab in (65600, 163776, 131136):
+        plan = _topk(h200, 3, vocab, 100)
+        S, chunk = plan.fact("splits"), plan.fact("chunk")
+        assert S > 1 and (S - 1) * chunk < vocab <= S * chunk
 
 
 @pytest.mark.nvcc

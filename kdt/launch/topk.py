@@ -10,15 +10,19 @@ Paths (the kernel's header and plans/kernels/topk.md say how each works):
   resident  the cluster path's variant for V <= 8 and 16-byte aligned rows whose block chunk fits one of its two
             shapes (`kdt_topk_resident_{wide,narrow}_*`): each block holds its whole chunk in shared memory.
   gate      V > 32, rows 16-byte aligned and vocab a whole number of vectors: `kdt_topk_gate_{f32,bf16}`, one
-            1024-thread block per row reads it once, keeping the candidates above a gate in shared memory (the
-            buffer's entries in dynamic shared memory, 8 bytes each) and pruning them by radix select; f32 rows
-            stream through a cp.async ring after the buffer (kdt_topk_gate_f32_ring_bytes, 0 on sm_120).
+            1024-thread block per row and split reads it once, keeping the candidates above a gate in shared
+            memory (the buffer's entries in dynamic shared memory, 8 bytes each) and pruning them by radix select;
+            f32 rows stream through a cp.async ring after the buffer (kdt_topk_gate_f32_ring_bytes, 0 on sm_120).
+  gate-split the gate path's rows where they leave SMs idle: `kdt_topk_gate_split_{f32,bf16}`, S blocks per row
+            (`gate_splits`), whose V best the row's last block merges through the workspace.
   radix     the other rows with V > 32: `kdt_topk_general_{f32,bf16}`, one 1024-thread block per row, exact radix
             select over 2-5 reads of the row.
 
 Workspace (small path with 1 < S), byte offsets, each part padded to 256 bytes:
     u32 counter[R] | float2 (max, sum-exp) stats[R][S] | uint2 (key, id) candidates[R][S][VT]
-The kernel leaves the counters zero again (the rest is rewritten before it is read).
+and of the gate path with 1 < S:
+    u32 counter[R] | 32-byte record[R][S] | u64 composite entries[R][S][V]
+The kernels leave the counters zero again (the rest is rewritten before it is read).
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ class Knobs(LaunchKnobs):
     resident_wide_max_rows: int = knob(7, "up to this many rows the wide resident shape first, beyond it the "
                                           "narrow one (the H200 places 7 16-block clusters one block per SM)")
     gate: bool = knob(True, "V > 32: the gate path where the rows allow it (off: the radix path)")
+    gate_min_chunk: int = knob(16384, "gate path: the fewest columns a split of a row takes (rows are split only "
+                                      "where they leave SMs idle; >= vocab: one block per row)")
 
 
 def small_vt(V: int, target: Target) -> int | None:
@@ -97,6 +103,16 @@ def gate_capacity(V: int, target: Target) -> int:
     return max(target.constant("kdt_topk_gate_room_per_v") * V, target.constant("kdt_topk_gate_min_room"))
 
 
+def gate_splits(rows: int, vocab: int, V: int, capacity: int, target: Target, knobs: Knobs) -> tuple[int, int]:
+    """(S blocks per row, chunk columns per block) of the gate path: as many splits as leave no more than one
+    block per SM, each at least `gate_min_chunk` columns, and no more than the merge can hold (S * V <= capacity).
+    """
+    S = max(1, min(target.multiprocessors // rows, target.constant("kdt_topk_gate_max_splits"), capacity // V,
+                   vocab // max(1, knobs.gate_min_chunk)))
+    chunk = cdiv(cdiv(vocab, S), CHUNK_ALIGN) * CHUNK_ALIGN
+    return cdiv(vocab, chunk), chunk
+
+
 def _align256(n: int) -> int:
     return (n + 255) & ~255
 
@@ -114,10 +130,20 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     if vt is None:
         if knobs.gate and vocab % VECTOR_ELEMENTS[logits.dtype] == 0 and logits.alignment >= VECTOR_BYTES:
             capacity = gate_capacity(V, target)
+            S, chunk = gate_splits(rows, vocab, V, capacity, target, knobs)
             ring = target.constant("kdt_topk_gate_f32_ring_bytes") if sfx == "f32" else 0   # bf16: registers
-            launch = KernelLaunch(f"kdt_topk_gate_{sfx}", (rows, 1, 1), target.constant("kdt_topk_gate_threads"),
-                                  (*tensors, np.int32(vocab), np.int32(V), np.int32(capacity)), capacity * 8 + ring)
-            return LaunchPlan("topk", "gate", (launch,), facts=(("buffer entries", capacity),), knobs=knobs)
+            threads = target.constant("kdt_topk_gate_threads")
+            if S == 1:
+                launch = KernelLaunch(f"kdt_topk_gate_{sfx}", (rows, 1, 1), threads,
+                                      (*tensors, np.int32(vocab), np.int32(V), np.int32(capacity)), capacity * 8 + ring)
+                return LaunchPlan("topk", "gate", (launch,), facts=(("buffer entries", capacity), ("splits", 1)),
+                                  knobs=knobs)
+            workspace = _align256(rows * 4) + _align256(rows * S * 32) + rows * S * V * 8
+            launch = KernelLaunch(f"kdt_topk_gate_split_{sfx}", (rows * S, 1, 1), threads,
+                                  (*tensors, Workspace(), np.int32(vocab), np.int32(V), np.int32(capacity),
+                                   np.int32(chunk), np.int32(S)), capacity * 8 + ring)
+            return LaunchPlan("topk", "gate-split", (launch,), workspace,
+                              (("buffer entries", capacity), ("splits", S), ("chunk", chunk)), knobs)
         launch = KernelLaunch(f"kdt_topk_general_{sfx}", (rows, 1, 1), target.constant("kdt_topk_general_threads"),
                               (*tensors, np.int32(vocab), np.int32(V)))
         return LaunchPlan("topk", "radix", (launch,), knobs=knobs)

@@ -108,6 +108,7 @@ constexpr int GATE_F32_RING_BYTES = GATE_F32_STAGES * GATE_U * GEN_THREADS * VEC
 constexpr int GATE_ROOM_PER_V = 4;            // the buffer: GATE_ROOM_PER_V * V entries, at least GATE_MIN_ROOM
 constexpr int GATE_MIN_ROOM = 2048;
 constexpr int GATE_RANK_BIN = 64;             // the final sort by rank within bins, up to this many a bin
+constexpr int GATE_MAX_SPLITS = GATE_WARPS;   // blocks a row may be split over (the merge: one warp reads their records)
 // The buffer's entries for V (the launcher sizes the dynamic shared memory by it, 8 bytes an entry, and computes
 // the same from the exported constants).
 __host__ __device__ constexpr int gate_capacity(int V) {

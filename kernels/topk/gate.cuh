@@ -238,11 +238,124 @@ __device__ __forceinline__ void rank_sort_and_write(unsigned long long* buf, int
     }
 }
 
-// A row's top V and log-probabilities from one block and one read: buf (dynamic shared memory) holds `capacity`
-// entries, gate_capacity(V).
-template <typename Tin>
+// A split's record in the workspace (two 16-byte words): its softmax statistics over its columns, how many
+// entries it left (its V best, or all its columns if fewer), the largest key it saw and a composite below all of
+// its entries (the merge's radix select starts from their common prefix).
+struct GateSplitRecord {
+    float m, s;
+    uint32_t count, hi_key;
+    unsigned long long lo;
+};
+
+// The workspace of split rows (kdt/launch/topk.py lays it out the same way): u32 counter[R] | two uint4 a split
+// [R][S] | u64 entries[R][S][V], each part from a 256-byte boundary. The counters end every launch at zero.
+struct GateWorkspace {
+    uint32_t* counter;
+    uint4* record;
+    unsigned long long* entries;
+    __device__ __forceinline__ GateWorkspace(unsigned char* ws, int R, int S, int V) {
+        const size_t a = ((size_t)R * 4 + 255) & ~(size_t)255;
+        const size_t b = ((size_t)R * S * 32 + 255) & ~(size_t)255;
+        counter = reinterpret_cast<uint32_t*>(ws);
+        record = reinterpret_cast<uint4*>(ws + a);
+        entries = reinterpret_cast<unsigned long long*>(ws + a + b);
+        (void)V;
+    }
+};
+
+// Split rows: every block stores its entries and record, and the row's last block to finish (a counter per row,
+// put back to zero by it) gathers the splits' entries into its buffer (S * V <= capacity) and their statistics.
+// Returns false in every block but that one. On return (true) buf[0 .. n) holds the entries, all in [lo, hi_key].
+__device__ __forceinline__ bool gate_gather_splits(unsigned long long* buf, const GateSplitRecord& mine,
+                                                   unsigned char* __restrict__ ws, int row, int split, int S, int V,
+                                                   GateShared& sh, uint32_t& n, unsigned long long& lo,
+                                                   uint32_t& hi_key) {
+    constexpr int T = GATE_THREADS;
+    __shared__ uint32_t last;                         // this block is the row's last to finish (it merges)
+    __shared__ uint32_t offset[GATE_MAX_SPLITS + 1];  // where each split's entries go in the buffer
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int R = (int)(gridDim.x / (unsigned)S);
+    const GateWorkspace w(ws, R, S, V);
+    const size_t at = (size_t)row * S + (size_t)split;
+    for (uint32_t i = (uint32_t)tid; i < mine.count; i += T) w.entries[at * V + i] = buf[i];
+    if (tid == 0) {
+        w.record[2 * at] = make_uint4(__float_as_uint(mine.m), __float_as_uint(mine.s), mine.count, mine.hi_key);
+        w.record[2 * at + 1] = make_uint4((uint32_t)mine.lo, (uint32_t)(mine.lo >> 32), 0u, 0u);
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&w.counter[row], 1u) == (uint32_t)(S - 1) ? 1u : 0u;
+    __syncthreads();
+    if (last == 0u) return false;
+    __threadfence();
+    // warp 0 reads the S records (S <= 32): the offsets, the statistics, the bounds
+    if (tid < 32) {
+        const bool has = lane < S;
+        const size_t r = (size_t)row * S + (size_t)lane;
+        const uint4 a = has ? __ldcg(w.record + 2 * r) : make_uint4(0u, 0u, 0u, 0u);
+        const uint4 b = has ? __ldcg(w.record + 2 * r + 1) : make_uint4(~0u, ~0u, 0u, 0u);
+        uint32_t before = a.z;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const uint32_t o = __shfl_up_sync(FULL, before, off);
+            if (lane >= off) before += o;
+        }
+        offset[lane + 1] = before;                     // inclusive: offset[s + 1] = entries of splits 0 .. s
+        if (lane == 0) offset[0] = 0u;
+        sh.m[lane] = has ? __uint_as_float(a.x) : -FLT_MAX;
+        sh.s[lane] = has ? __uint_as_float(a.y) : 0.0f;
+        const unsigned long long l = ((unsigned long long)b.y << 32) | b.x;
+        unsigned long long lmin = l;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const unsigned long long o = __shfl_xor_sync(FULL, lmin, off);
+            lmin = o < lmin ? o : lmin;
+        }
+        const uint32_t hmax = __reduce_max_sync(FULL, a.w);
+        if (lane == 0) {
+            sh.gate = lmin;
+            sh.warp_max[0] = hmax;
+            w.counter[row] = 0u;                          // the next launch finds it zero
+        }
+    }
+    __syncthreads();
+    if (tid < 32) fold_stats(sh.m, sh.s, S, sh.stat, lane);
+    n = offset[S];
+    for (int sp = 0; sp < S; ++sp) {
+        const uint32_t c = offset[sp + 1] - offset[sp];
+        const unsigned long long* src = w.entries + ((size_t)row * S + (size_t)sp) * V;
+        for (uint32_t i = (uint32_t)tid; i < c; i += T) buf[offset[sp] + i] = __ldcg(src + i);
+    }
+    lo = sh.gate;
+    hi_key = sh.warp_max[0];
+    __syncthreads();
+    return true;
+}
+
+// The end of a split row's block (its V best in buf[0 .. count), all in [lo, hi_key]): the row's last block to
+// finish merges every split's V best and writes the row. Not inlined: the scan's registers stay as they are
+// without the merge's select and sort beside them.
+__device__ __noinline__ void gate_finish_split(unsigned long long* buf, GateSplitRecord mine, unsigned char* ws,
+                                               int V, int S, GateShared& sh, int* __restrict__ top_ids,
+                                               float* __restrict__ top_logp) {
+    const int row = (int)(blockIdx.x / (unsigned)S);
+    uint32_t n, hi_key;
+    unsigned long long lo;
+    if (!gate_gather_splits(buf, mine, ws, row, (int)(blockIdx.x % (unsigned)S), S, V, sh, n, lo, hi_key)) return;
+    if (n > (uint32_t)V) lo = gate_prune(buf, n, V, 0u, lo, hi_key, sh);
+    __syncthreads();
+    rank_sort_and_write(buf, V, lo, comp_ceiling(hi_key), sh, row, top_ids, top_logp);
+}
+
+// A row's top V and log-probabilities from S blocks and one read (block b: row b / S, columns [split * chunk,
+// + chunk) of split b % S): buf (dynamic shared memory) holds `capacity` entries, gate_capacity(V). SPLIT: the
+// splits meet in the workspace `ws` and the row's last block merges them; without it S = 1, chunk = vocab and
+// the kernel is the one-block-per-row kernel it was before splits (a separate entry point, so that the split's
+// merge does not change how its scan compiles).
+template <typename Tin, bool SPLIT>
 __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* __restrict__ top_ids,
-                                          float* __restrict__ top_logp, int vocab, int V, int capacity) {
+                                          float* __restrict__ top_logp, unsigned char* __restrict__ ws, int vocab,
+                                          int V, int capacity, int chunk, int S) {
     using E = Elem<Tin>;
     using Vec = typename E::Vec;
     constexpr int T = GATE_THREADS;
@@ -252,15 +365,19 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
     extern __shared__ unsigned long long buf[];   // [capacity], then the ring: [STAGES][U][T] vectors
     __shared__ GateShared sh;
 
-    if (V < 1 || V > MAX_V || V > vocab || vocab > MAX_VOCAB || vocab % W || capacity != gate_capacity(V))
+    if (V < 1 || V > MAX_V || V > vocab || vocab > MAX_VOCAB || vocab % W || capacity != gate_capacity(V) ||
+        (SPLIT && (S < 2 || S > GATE_MAX_SPLITS || S * V > capacity || ws == nullptr || chunk < 1 || chunk % W ||
+                   (long long)chunk * S < vocab || (long long)chunk * (S - 1) >= vocab)))
         return;   // launcher bug guard
 
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
-    const int row = blockIdx.x;
-    const Vec* rp = reinterpret_cast<const Vec*>(logits + (size_t)row * (size_t)vocab);
-    const int vectors = vocab / W;
+    // the split's columns [col0, col0 + W * vectors) of the row (SPLIT; else the whole row)
+    const int row = SPLIT ? (int)(blockIdx.x / (unsigned)S) : (int)blockIdx.x;
+    const int col0 = SPLIT ? (int)(blockIdx.x % (unsigned)S) * chunk : 0;
+    const Vec* rp = reinterpret_cast<const Vec*>(logits + (size_t)row * (size_t)vocab + col0);
+    const int vectors = SPLIT ? min(chunk, vocab - col0) / W : vocab / W;
     // a prune is asked for past 2 V + 128 entries (it leaves at most 1.5 V): the gate rises while the row is read
     const uint32_t mark = (uint32_t)min(2 * V + 128, capacity / 2);
 
@@ -323,7 +440,7 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
         scan_group<E>(v, valid, sm, g, [&](int u, bool hot) {
             float x[W];
             E::unpack(v[u], x);
-            const uint32_t id0 = (uint32_t)(first + warp_first + u * 32 + lane) * (uint32_t)W;
+            const uint32_t id0 = (uint32_t)col0 + (uint32_t)(first + warp_first + u * 32 + lane) * (uint32_t)W;
             uint32_t pass = 0u;
 #pragma unroll
             for (int e = 0; e < W; ++e) pass |= (hot & g.passes(x[e], id0 + (uint32_t)e) ? 1u : 0u) << e;
@@ -353,11 +470,18 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
     if (lane == 0) { sh.m[warp] = m; sh.s[warp] = s; }
     __syncthreads();
     if (warp == 0) fold_stats(sh.m, sh.s, GATE_WARPS, sh.stat, lane);
-    // every element above the gate is in buf (V <= count <= capacity): the exact prune, then the sort
+    // every element above the gate is in buf (min(V, columns) <= count <= capacity): the exact prune
     const uint32_t n = sh.count;
     const uint32_t hi_key = __reduce_max_sync(FULL, sh.warp_max[lane]);
     const unsigned long long lo = n > (uint32_t)V ? gate_prune(buf, n, V, 0u, g.cc, hi_key, sh) : g.cc;
     __syncthreads();
+    if constexpr (SPLIT) {
+        // the split's V best (fewer only if it has fewer columns) go to the workspace; the row's last block to
+        // finish merges every split's
+        gate_finish_split(buf, GateSplitRecord{sh.stat[0], sh.stat[1], min(n, (uint32_t)V), hi_key, lo}, ws, V, S,
+                          sh, top_ids, top_logp);
+        return;
+    }
     const unsigned long long hi = comp_ceiling(hi_key);
     rank_sort_and_write(buf, V, lo, hi, sh, row, top_ids, top_logp);
 }
