@@ -6,8 +6,10 @@
 // (at once, if the buffer is full or it has finished), and the block prunes the buffer by radix select, which
 // raises the gate. The meeting's barriers are the divergent kind (warps reach them from different places). The
 // softmax statistics ride in the same pass; an exact prune, a sort and the outputs end it. Exact: an element below
-// the gate is below V kept ones. gate_impl<Tin> serves kdt_topk_gate_{f32,bf16}. Design, figures:
-// plans/kernels/topk.md, "Gate path (wide V)".
+// the gate is below V kept ones. Split rows (few rows, SPLIT): S blocks a row each keep their columns' V best, and
+// the row's last block to finish merges them through the workspace. gate_impl<Tin, SPLIT> serves
+// kdt_topk_gate_{f32,bf16} and kdt_topk_gate_split_{f32,bf16}. Design, figures: plans/kernels/topk.md, "Gate path
+// (wide V)".
 #pragma once
 
 #include <float.h>
