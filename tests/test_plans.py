@@ -370,7 +370,8 @@ def stand_in_gpu(monkeypatch, targets) -> list:
         function.max_dynamic_shared_size_bytes = 0
         return function
 
-    cp = types.SimpleNamespace(ndarray=_DeviceArray, uint16=np.uint16, empty=_DeviceArray,
+    cp = types.SimpleNamespace(ndarray=_DeviceArray, uint8=np.uint8, uint16=np.uint16, empty=_DeviceArray,
+                               zeros=lambda n, dtype: _DeviceArray((n,), dtype),   # a plan's workspace
                                cuda=types.SimpleNamespace(get_device_id=lambda: 0, get_current_stream=lambda: None))
     monkeypatch.setattr(runtime, "cupy", lambda: cp)
     monkeypatch.setattr(runtime, "target", lambda kernel: targets(kernel, "sm_90"))
