@@ -323,10 +323,25 @@ __device__ __forceinline__ bool gate_gather_splits(unsigned long long* buf, cons
     __syncthreads();
     if (tid < 32) fold_stats(sh.m, sh.s, S, sh.stat, lane);
     n = offset[S];
-    for (int sp = 0; sp < S; ++sp) {
-        const uint32_t c = offset[sp + 1] - offset[sp];
-        const unsigned long long* src = w.entries + ((size_t)row * S + (size_t)sp) * V;
-        for (uint32_t i = (uint32_t)tid; i < c; i += T) buf[offset[sp] + i] = __ldcg(src + i);
+    // entry e of the concatenated lists: every load in flight before the stores (n <= S * V <= capacity), its
+    // split found by a binary search over the offsets
+    unsigned long long held[GATE_MAX_CAPACITY / T];
+#pragma unroll
+    for (int q = 0; q < GATE_MAX_CAPACITY / T; ++q) {
+        const uint32_t e = (uint32_t)(q * T + tid);
+        if (e < n) {
+            int lo_split = 0, hi_split = S - 1;           // the split sp with offset[sp] <= e < offset[sp + 1]
+            while (lo_split < hi_split) {
+                const int mid = (lo_split + hi_split + 1) >> 1;
+                if (offset[mid] <= e) lo_split = mid; else hi_split = mid - 1;
+            }
+            held[q] = __ldcg(w.entries + ((size_t)row * S + (size_t)lo_split) * V + (e - offset[lo_split]));
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < GATE_MAX_CAPACITY / T; ++q) {
+        const uint32_t e = (uint32_t)(q * T + tid);
+        if (e < n) buf[e] = held[q];
     }
     lo = sh.gate;
     hi_key = sh.warp_max[0];
