@@ -32,12 +32,12 @@
 //   resident: grid R*S, one cluster of S = 16 (wide; 8 on sm_120) or 8 (narrow) blocks per row, 256 threads,
 //             dynamic smem max(chunk bytes, kdt_topk_resident_*_min_smem); a chunk <= 16 (wide) / 20 (narrow)
 //             16-byte vectors per thread, vocab a multiple of 16 bytes; wide up to 7 rows, narrow beyond.
-//   gate:     grid R (split: R*S, block b -> row b / S, split b % S), 1024 threads, 8.9 KB static smem +
-//             dynamic 8 * capacity bytes, capacity = max(kdt_topk_gate_room_per_v * V, kdt_topk_gate_min_room)
-//             (V = 1024: 32 KB), + for f32 the cp.async ring, kdt_topk_gate_f32_ring_bytes (128 KB on sm_90 /
-//             sm_100, 0 on sm_120). Split: 1 < S <= kdt_topk_gate_max_splits (32), S * V <= capacity; workspace
-//             u32 counter[R] | uint4 record[R][S][2] | u64 entries[R][S][V], each part from a 256-byte boundary;
-//             the counters are left zero.
+//   gate:     grid R, 1024 threads, 8.7 KB static smem + dynamic 8 * capacity bytes, capacity =
+//             max(kdt_topk_gate_room_per_v * V, kdt_topk_gate_min_room) (V = 1024: 32 KB), + for f32 the
+//             cp.async ring, kdt_topk_gate_f32_ring_bytes (128 KB on sm_90 / sm_100, 0 on sm_120).
+//   gate split: grid R*S (block b -> row b / S, split b % S), as gate with 8.9 KB static smem;
+//             1 < S <= kdt_topk_gate_max_splits (32), S * V <= capacity. Workspace: u32 counter[R] |
+//             uint4 record[R][S][2] | u64 entries[R][S][V], each part from a 256-byte boundary; counters left 0.
 //   general:  grid R, 1024 threads, ~16 KB static smem.
 //
 // Memory traffic: the logits once (small, cluster, resident) + R*V*8 bytes of outputs (+ the small path's

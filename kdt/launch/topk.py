@@ -10,9 +10,9 @@ Paths (the kernel's header and plans/kernels/topk.md say how each works):
   resident  the cluster path's variant for V <= 8 and 16-byte aligned rows whose block chunk fits one of its two
             shapes (`kdt_topk_resident_{wide,narrow}_*`): each block holds its whole chunk in shared memory.
   gate      V > 32, rows 16-byte aligned and vocab a whole number of vectors: `kdt_topk_gate_{f32,bf16}`, one
-            1024-thread block per row and split reads it once, keeping the candidates above a gate in shared
-            memory (the buffer's entries in dynamic shared memory, 8 bytes each) and pruning them by radix select;
-            f32 rows stream through a cp.async ring after the buffer (kdt_topk_gate_f32_ring_bytes, 0 on sm_120).
+            1024-thread block per row reads it once, keeping the candidates above a gate in shared memory (the
+            buffer's entries in dynamic shared memory, 8 bytes each) and pruning them by radix select; f32 rows
+            stream through a cp.async ring after the buffer (kdt_topk_gate_f32_ring_bytes, 0 on sm_120).
   gate-split the gate path's rows where they leave SMs idle: `kdt_topk_gate_split_{f32,bf16}`, S blocks per row
             (`gate_splits`), whose V best the row's last block merges through the workspace.
   radix     the other rows with V > 32: `kdt_topk_general_{f32,bf16}`, one 1024-thread block per row, exact radix

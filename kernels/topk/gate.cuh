@@ -255,13 +255,12 @@ struct GateWorkspace {
     uint32_t* counter;
     uint4* record;
     unsigned long long* entries;
-    __device__ __forceinline__ GateWorkspace(unsigned char* ws, int R, int S, int V) {
+    __device__ __forceinline__ GateWorkspace(unsigned char* ws, int R, int S) {
         const size_t a = ((size_t)R * 4 + 255) & ~(size_t)255;
         const size_t b = ((size_t)R * S * 32 + 255) & ~(size_t)255;
         counter = reinterpret_cast<uint32_t*>(ws);
         record = reinterpret_cast<uint4*>(ws + a);
         entries = reinterpret_cast<unsigned long long*>(ws + a + b);
-        (void)V;
     }
 };
 
@@ -277,7 +276,7 @@ __device__ __forceinline__ bool gate_gather_splits(unsigned long long* buf, cons
     __shared__ uint32_t offset[GATE_MAX_SPLITS + 1];  // where each split's entries go in the buffer
     const int tid = threadIdx.x, lane = tid & 31;
     const int R = (int)(gridDim.x / (unsigned)S);
-    const GateWorkspace w(ws, R, S, V);
+    const GateWorkspace w(ws, R, S);
     const size_t at = (size_t)row * S + (size_t)split;
     for (uint32_t i = (uint32_t)tid; i < mine.count; i += T) w.entries[at * V + i] = buf[i];
     if (tid == 0) {
