@@ -313,8 +313,8 @@ __device__ __forceinline__ bool gate_gather_splits(unsigned long long* buf, cons
             lmin = o < lmin ? o : lmin;
         }
         const uint32_t hmax = __reduce_max_sync(FULL, a.w);
-        if (lane == 0) {
-            sh.gate = lmin;
+        if (lane == 0) {                                  // the bounds to every thread, through the scan's
+            sh.gate = lmin;                               // fields, which nothing reads again before the prune
             sh.warp_max[0] = hmax;
             w.counter[row] = 0u;                          // the next launch finds it zero
         }
