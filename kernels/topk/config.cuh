@@ -107,7 +107,7 @@ constexpr int GATE_F32_STAGES = 2;
 constexpr int GATE_F32_RING_BYTES = GATE_F32_STAGES * GATE_U * GEN_THREADS * VEC_BYTES;
 constexpr int GATE_ROOM_PER_V = 4;            // the buffer: GATE_ROOM_PER_V * V entries, at least GATE_MIN_ROOM
 constexpr int GATE_MIN_ROOM = 2048;
-constexpr int GATE_RANK_BIN = 64;             // the final sort by rank within bins, up to this many a bin
+constexpr int GATE_RANK_BIN = 64;             // the final rank within bins, up to this many a bin
 constexpr int GATE_MAX_SPLITS = GATE_WARPS;   // blocks a row may be split over (the merge: one warp reads their records)
 // The buffer's entries for V (the launcher sizes the dynamic shared memory by it, 8 bytes an entry, and computes
 // the same from the exported constants).
@@ -119,6 +119,12 @@ static_assert(MAX_V <= GEN_THREADS, "bitonic sort: one element a thread");
 static_assert(GATE_MIN_ROOM >= 2 * 512 + GEN_BINS / 2 && GATE_ROOM_PER_V >= 2 + 1,
               "the rank sort's scratch (2 V + GEN_BINS / 2 entries) fits the buffer: max(4 V, 2048) >= 2 V + 1024");
 static_assert(GATE_MAX_CAPACITY % GATE_THREADS == 0, "a prune holds the buffer in registers, whole rows of it");
+// the final rank's entries a thread: it ranks at most capacity / 2 (the rest of the buffer is its scratch)
+constexpr int GATE_RANK_HELD = GATE_MAX_CAPACITY / (2 * GATE_THREADS);
+static_assert(2 * GATE_RANK_HELD * GATE_THREADS >= GATE_MAX_CAPACITY && MAX_V < (1 << 16),
+              "the rank holds up to capacity / 2 entries; a bin's start fits 16 bits");
+static_assert(GATE_ROOM_PER_V >= 4 && GATE_MIN_ROOM / 2 >= 2 * GATE_RANK_BIN,
+              "the rank's scratch after n <= capacity / 2 entries: V + GATE_RANK_BIN - 1 <= capacity / 2");
 static_assert(GATE_MIN_ROOM >= 2 * 32 * 8 + 32 && GATE_ROOM_PER_V >= 4,
               "a prune keeps at most 1.5 V: below the mark (min(2 V + 128, capacity / 2)), with room for a warp's "
               "vector");

@@ -5,9 +5,9 @@
 // append passes a mark (or finds the buffer full) raises a flag, every warp meets the others at the end of its step
 // (at once, if the buffer is full or it has finished), and the block prunes the buffer by radix select, which
 // raises the gate. The meeting's barriers are the divergent kind (warps reach them from different places). The
-// softmax statistics ride in the same pass; an exact prune, a sort and the outputs end it. Exact: an element below
-// the gate is below V kept ones. Split rows (few rows, SPLIT): S blocks a row each keep their columns' V best, and
-// the row's last block to finish merges them through the workspace. gate_impl<Tin, SPLIT> serves
+// softmax statistics ride in the same pass; a rank of what the buffer holds writes the V best. Exact: an element
+// below the gate is below V kept ones. Split rows (few rows, SPLIT): S blocks a row each keep their columns' V best,
+// and the row's last block to finish merges them through the workspace. gate_impl<Tin, SPLIT> serves
 // kdt_topk_gate_{f32,bf16} and kdt_topk_gate_split_{f32,bf16}. Design, figures: plans/kernels/topk.md, "Gate path
 // (wide V)".
 #pragma once
@@ -190,25 +190,33 @@ __device__ __forceinline__ unsigned long long gate_from_maxima(const typename E:
     return gate;   // sh.gate is read only after a later barrier
 }
 
-// buf[0 .. V): the row's V best composites, all in [lo, hi]; written in descending order as row `row`'s outputs.
-// An entry's place = the entries in higher bins of an 11-bit digit just below the common prefix of lo and hi, plus
-// the larger ones of its own bin: bins of real logits hold a few. A bin of more than GATE_RANK_BIN entries (tied
-// keys share one) takes the bitonic sort instead. buf[V .. 2 V + GEN_BINS / 2) is scratch (capacity >= that).
-__device__ __forceinline__ void rank_sort_and_write(unsigned long long* buf, int V, unsigned long long lo,
-                                                    unsigned long long hi, GateShared& sh, int row,
-                                                    int* __restrict__ top_ids, float* __restrict__ top_logp) {
+// buf[0 .. n) (V <= n <= GATE_RANK_HELD * T, 2 n <= capacity): entries all in [lo, (hi_key, any id)]; their V best
+// written in descending order as row `row`'s outputs, with no prune first. An entry's place = the entries in
+// higher bins of an 11-bit digit just below the common prefix of lo and hi, plus the larger ones of its own bin;
+// only bins that start below V are gathered and ranked (bins of real logits hold a few). hist[b] holds bin b's
+// start << 16 plus the entries placed so far, so one atomic gives an entry its slot and the bin's start. A bin
+// that starts below V with more than GATE_RANK_BIN entries (tied keys share one) takes the exact prune and the
+// bitonic sort instead. buf[n .. n + V + GATE_RANK_BIN) is scratch. hist is left dirty (nothing selects after).
+__device__ __forceinline__ void rank_and_write(unsigned long long* buf, uint32_t n, int V, unsigned long long lo,
+                                               uint32_t hi_key, GateShared& sh, int row, int* __restrict__ top_ids,
+                                               float* __restrict__ top_logp) {
     constexpr int T = GATE_THREADS;
     constexpr int BPT = GEN_BINS / T;
+    constexpr int HELD = GATE_RANK_HELD;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    uint32_t* const base = reinterpret_cast<uint32_t*>(buf + V);     // [GEN_BINS]: entries in the bins above
-    unsigned long long* const grouped = buf + V + GEN_BINS / 2;       // [V]: the entries, bin by bin
-    const unsigned long long diff = lo ^ hi;
+    unsigned long long* const grouped = buf + n;                      // [< V + GATE_RANK_BIN]: bins below V
+    const unsigned long long diff = lo ^ comp_ceiling(hi_key);
     const int top = diff ? 63 - __clzll((long long)diff) : 0;
     const int shift = max(0, top - 10);                               // the digit: bits shift .. top
-    const bool mine = tid < V;                                        // V <= T
-    const unsigned long long e = mine ? buf[tid] : 0ull;
-    const uint32_t bin = (uint32_t)(e >> shift) & (uint32_t)(GEN_BINS - 1);
-    if (mine) atomicAdd(&sh.hist[bin], 1u);                           // hist is zero (radix_select leaves it so)
+    unsigned long long e[HELD];
+    uint32_t bin[HELD];
+#pragma unroll
+    for (int q = 0; q < HELD; ++q) {
+        const uint32_t i = (uint32_t)(q * T + tid);
+        e[q] = i < n ? buf[i] : 0ull;
+        bin[q] = (uint32_t)(e[q] >> shift) & (uint32_t)(GEN_BINS - 1);
+        if (i < n) atomicAdd(&sh.hist[bin[q]], 1u);                  // hist is zero (radix_select leaves it so)
+    }
     __syncthreads();
     uint32_t count[BPT], c = 0u;
 #pragma unroll
@@ -216,27 +224,42 @@ __device__ __forceinline__ void rank_sort_and_write(unsigned long long* buf, int
         count[q] = sh.hist[GEN_BINS - 1 - (tid * BPT + q)];
         c += count[q];
     }
-    if (__syncthreads_or(c > (uint32_t)GATE_RANK_BIN)) {             // a crowded bin: the bitonic sort
+    uint32_t above = block_excl_scan<AlignedBarrier>(c, sh.warp_sum, lane, warp);
+    bool crowded = false;
+#pragma unroll
+    for (int q = 0; q < BPT; ++q) {
+        crowded |= above < (uint32_t)V && count[q] > (uint32_t)GATE_RANK_BIN;
+        sh.hist[GEN_BINS - 1 - (tid * BPT + q)] = above << 16;        // only this thread touched these bins
+        above += count[q];
+    }
+    if (__syncthreads_or(crowded)) {                                  // a crowded bin: prune exactly, then sort
         for (int i = tid; i < GEN_BINS; i += T) sh.hist[i] = 0u;
+        __syncthreads();
+        if (n > (uint32_t)V) gate_prune(buf, n, V, 0u, lo, hi_key, sh);
         __syncthreads();
         sort_and_write(buf, V, sh.stat, row, top_ids, top_logp);
         return;
     }
-    uint32_t above = block_excl_scan<AlignedBarrier>(c, sh.warp_sum, lane, warp);
+    bool ranked[HELD];
 #pragma unroll
-    for (int q = 0; q < BPT; ++q) {
-        base[GEN_BINS - 1 - (tid * BPT + q)] = above;
-        above += count[q];
+    for (int q = 0; q < HELD; ++q) {
+        ranked[q] = (uint32_t)(q * T + tid) < n && (sh.hist[bin[q]] >> 16) < (uint32_t)V;   // the start never moves
+        if (ranked[q]) {
+            const uint32_t h = atomicAdd(&sh.hist[bin[q]], 1u);
+            grouped[(h >> 16) + (h & 0xffffu)] = e[q];
+        }
     }
     __syncthreads();
-    if (mine) grouped[base[bin] + atomicSub(&sh.hist[bin], 1u) - 1u] = e;   // hist ends zero
-    __syncthreads();
-    if (mine) {
-        const uint32_t from = base[bin];
-        const uint32_t to = (bin == 0u) ? (uint32_t)V : base[bin - 1u];
-        uint32_t place = from;
-        for (uint32_t t = from; t < to; ++t) place += (grouped[t] > e) ? 1u : 0u;
-        write_output(e, row, V, (int)place, sh.stat[0], logf(sh.stat[1]), top_ids, top_logp);
+    const float bm = sh.stat[0], lsum = logf(sh.stat[1]);
+#pragma unroll
+    for (int q = 0; q < HELD; ++q) {
+        if (ranked[q]) {
+            const uint32_t h = sh.hist[bin[q]];                       // start << 16 | the bin's entries
+            const uint32_t from = h >> 16, to = from + (h & 0xffffu);
+            uint32_t place = from;
+            for (uint32_t t = from; t < to; ++t) place += (grouped[t] > e[q]) ? 1u : 0u;
+            if (place < (uint32_t)V) write_output(e[q], row, V, (int)place, bm, lsum, top_ids, top_logp);
+        }
     }
 }
 
@@ -352,15 +375,18 @@ __device__ __forceinline__ bool gate_gather_splits(unsigned long long* buf, cons
 // finish merges every split's V best and writes the row. Not inlined: the scan's registers stay as they are
 // without the merge's select and sort beside them.
 __device__ __noinline__ void gate_finish_split(unsigned long long* buf, GateSplitRecord mine, unsigned char* ws,
-                                               int V, int S, GateShared& sh, int* __restrict__ top_ids,
+                                               int V, int S, int capacity, GateShared& sh, int* __restrict__ top_ids,
                                                float* __restrict__ top_logp) {
     const int row = (int)(blockIdx.x / (unsigned)S);
     uint32_t n, hi_key;
     unsigned long long lo;
     if (!gate_gather_splits(buf, mine, ws, row, (int)(blockIdx.x % (unsigned)S), S, V, sh, n, lo, hi_key)) return;
-    if (n > (uint32_t)V) lo = gate_prune(buf, n, V, 0u, lo, hi_key, sh);
+    if (2 * n > (uint32_t)capacity) {                 // the rank's scratch: prune to at most 1.5 V first
+        lo = gate_prune(buf, n, V, (uint32_t)V / 2u, lo, hi_key, sh);
+        n = sh.count;
+    }
     __syncthreads();
-    rank_sort_and_write(buf, V, lo, comp_ceiling(hi_key), sh, row, top_ids, top_logp);
+    rank_and_write(buf, n, V, lo, hi_key, sh, row, top_ids, top_logp);
 }
 
 // A row's top V and log-probabilities from S blocks and one read (block b: row b / S, columns [split * chunk,
@@ -486,20 +512,19 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
     if (lane == 0) { sh.m[warp] = m; sh.s[warp] = s; }
     __syncthreads();
     if (warp == 0) fold_stats(sh.m, sh.s, GATE_WARPS, sh.stat, lane);
-    // every element above the gate is in buf (min(V, columns) <= count <= capacity): the exact prune
+    // every element above the gate is in buf: min(V, columns) <= count <= mark <= capacity / 2 (no prune was asked)
     const uint32_t n = sh.count;
     const uint32_t hi_key = __reduce_max_sync(FULL, sh.warp_max[lane]);
-    const unsigned long long lo = n > (uint32_t)V ? gate_prune(buf, n, V, 0u, g.cc, hi_key, sh) : g.cc;
-    __syncthreads();
     if constexpr (SPLIT) {
         // the split's V best (fewer only if it has fewer columns) go to the workspace; the row's last block to
         // finish merges every split's
+        const unsigned long long lo = n > (uint32_t)V ? gate_prune(buf, n, V, 0u, g.cc, hi_key, sh) : g.cc;
+        __syncthreads();
         gate_finish_split(buf, GateSplitRecord{sh.stat[0], sh.stat[1], min(n, (uint32_t)V), hi_key, lo}, ws, V, S,
-                          sh, top_ids, top_logp);
+                          capacity, sh, top_ids, top_logp);
         return;
     }
-    const unsigned long long hi = comp_ceiling(hi_key);
-    rank_sort_and_write(buf, V, lo, hi, sh, row, top_ids, top_logp);
+    rank_and_write(buf, n, V, g.cc, hi_key, sh, row, top_ids, top_logp);
 }
 
 }  // namespace topk
