@@ -2,14 +2,14 @@
 // reads the row once, in 16-byte vectors (f32 rows through a cp.async ring on the 227 KB parts), and keeps in a
 // shared buffer every element whose composite reaches the gate, a lower bound of the row's V-th best composite
 // (opened at the first step's V-th best vector maximum). The warps stream without block barriers: a warp whose
-// append passes a mark (or finds the buffer full) raises a flag, every warp meets the others at the end of its step
-// (at once, if the buffer is full or it has finished), and the block prunes the buffer by radix select, which
-// raises the gate. The meeting's barriers are the divergent kind (warps reach them from different places). The
-// softmax statistics ride in the same pass; a rank of what the buffer holds writes the V best. Exact: an element
-// below the gate is below V kept ones. Split rows (few rows, SPLIT): S blocks a row each keep their columns' V best,
-// and the row's last block to finish merges them through the workspace. gate_impl<Tin, SPLIT> serves
-// kdt_topk_gate_{f32,bf16} and kdt_topk_gate_split_{f32,bf16}. Design, figures: plans/kernels/topk.md, "Gate path
-// (wide V)".
+// append passes a mark (or finds the buffer full) raises a flag, every warp meets the others at the end of its half
+// step (a split's: its step; at once, if the buffer is full or it has finished), and the block prunes the buffer by
+// radix select, which raises the gate. The meeting's barriers are the divergent kind (warps reach them from
+// different places). The softmax statistics ride in the same pass; a rank of what the buffer holds writes the V
+// best. Exact: an element below the gate is below V kept ones. Split rows (few rows, SPLIT): S blocks a row each keep
+// their columns' V best, and the row's last block to finish merges them through the workspace. gate_impl<Tin, SPLIT>
+// serves kdt_topk_gate_{f32,bf16} and kdt_topk_gate_split_{f32,bf16}. Design, figures: plans/kernels/topk.md, "Gate
+// path (wide V)".
 #pragma once
 
 #include <float.h>
@@ -403,6 +403,8 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
     constexpr int T = GATE_THREADS;
     constexpr int U = GATE_U;
     constexpr int W = E::W;
+    constexpr int PARTS = SPLIT ? 1 : 2;          // a step's parts, each followed by a look at the prune flag
+    static_assert(U % PARTS == 0, "parts of a step");
 
     extern __shared__ unsigned long long buf[];   // [capacity], then the ring: [STAGES][U][T] vectors
     __shared__ GateShared sh;
@@ -479,22 +481,37 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
         // The first step opens the gate at the V-th best of its vector maxima (V vectors hold an element at
         // least as good), so that it appends about V elements, not all of them.
         if (first == 0 && min(vectors, T * U) >= V) g.set(gate_from_maxima<E>(v, valid, V, sh));
-        scan_group<E>(v, valid, sm, g, [&](int u, bool hot) {
-            float x[W];
-            E::unpack(v[u], x);
-            const uint32_t id0 = (uint32_t)col0 + (uint32_t)(first + warp_first + u * 32 + lane) * (uint32_t)W;
-            uint32_t pass = 0u;
+        // the step in parts (the one-block kernel: halves), each followed by a look at the prune flag: a warp that
+        // asked waits for the others to reach a meeting, half a step at most (plans/kernels/topk.md, "Meetings
+        // within a step"); a split's block keeps whole steps (its rows are short: one or two steps)
 #pragma unroll
-            for (int e = 0; e < W; ++e) pass |= (hot & g.passes(x[e], id0 + (uint32_t)e) ? 1u : 0u) << e;
-            gate_append(x, id0, pass, g, buf, capacity, mark, V, sh, sm.m);
-        });
-        // another warp asked for a prune: meet it (the flag stays up until the prune is over; an atomic read, as
-        // the flag's writes are, outside the barriers)
-        uint32_t asked = 0u;
-        if (lane == 0) asked = atomicOr(&sh.prune, 0u);
-        if (__shfl_sync(FULL, asked, 0) != 0u) {
-            bool finished;
-            g.set(gate_rendezvous(buf, capacity, V, sh, warp_hi_key(sm.m), finished));
+        for (int part = 0; part < PARTS; ++part) {
+            constexpr int H = U / PARTS;
+            Vec vh[H];
+            bool validh[H];
+#pragma unroll
+            for (int u = 0; u < H; ++u) {
+                vh[u] = v[part * H + u];
+                validh[u] = valid[part * H + u];
+            }
+            scan_group<E>(vh, validh, sm, g, [&](int u, bool hot) {
+                float x[W];
+                E::unpack(vh[u], x);
+                const uint32_t id0 =
+                    (uint32_t)col0 + (uint32_t)(first + warp_first + (part * H + u) * 32 + lane) * (uint32_t)W;
+                uint32_t pass = 0u;
+#pragma unroll
+                for (int e = 0; e < W; ++e) pass |= (hot & g.passes(x[e], id0 + (uint32_t)e) ? 1u : 0u) << e;
+                gate_append(x, id0, pass, g, buf, capacity, mark, V, sh, sm.m);
+            });
+            // another warp asked for a prune: meet it (the flag stays up until the prune is over; an atomic read,
+            // as the flag's writes are, outside the barriers)
+            uint32_t asked = 0u;
+            if (lane == 0) asked = atomicOr(&sh.prune, 0u);
+            if (__shfl_sync(FULL, asked, 0) != 0u) {
+                bool finished;
+                g.set(gate_rendezvous(buf, capacity, V, sh, warp_hi_key(sm.m), finished));
+            }
         }
     }
     if constexpr (STAGES > 0) kdt::cp_async_wait<0>();   // the empty groups past the end
