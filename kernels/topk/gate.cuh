@@ -504,11 +504,9 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
                 for (int e = 0; e < W; ++e) pass |= (hot & g.passes(x[e], id0 + (uint32_t)e) ? 1u : 0u) << e;
                 gate_append(x, id0, pass, g, buf, capacity, mark, V, sh, sm.m);
             });
-            // another warp asked for a prune: meet it (the flag stays up until the prune is over; an atomic read,
-            // as the flag's writes are, outside the barriers)
-            uint32_t asked = 0u;
-            if (lane == 0) asked = atomicOr(&sh.prune, 0u);
-            if (__shfl_sync(FULL, asked, 0) != 0u) {
+            // another warp asked for a prune: meet it. A plain read: a request it misses only waits for the next
+            // look, and the flag is cleared only inside a meeting, behind its barriers.
+            if (__any_sync(FULL, *reinterpret_cast<volatile const uint32_t*>(&sh.prune) != 0u)) {
                 bool finished;
                 g.set(gate_rendezvous(buf, capacity, V, sh, warp_hi_key(sm.m), finished));
             }
