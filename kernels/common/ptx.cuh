@@ -1,6 +1,6 @@
 // kernels/common/ptx.cuh -- the PTX wrappers the kernels share: shared-window addresses, async copies into shared
 // memory (per-thread cp.async and the bulk-copy engine) and bulk L2 prefetches, shared-memory loads, stores and
-// atomics, block and named barriers, the fast exponential and packed bf16 arithmetic. Device-only, header-only,
+// atomics, block and named barriers, the fast exponential and packed bf16 arithmetic and compares. Device-only, header-only,
 // __forceinline__.
 //
 // Every inline `asm` of the kernels lives in kernels/common/ (this file, cluster.cuh, mbarrier.cuh, mma.cuh,
@@ -45,6 +45,19 @@ __device__ __forceinline__ float ex2(float x) {
 __device__ __forceinline__ uint32_t bf16x2_max(uint32_t a, uint32_t b) {
     uint32_t d;
     asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// Elementwise compares of two bf16 pairs (HSET2.BF16): each half of the result is 0xffff where the compare holds,
+// else 0. No .ftz form: subnormals compare as themselves; -0.0 == +0.0; a NaN compares false.
+__device__ __forceinline__ uint32_t bf16x2_gt_mask(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("set.gt.u32.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ uint32_t bf16x2_ge_mask(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("set.ge.u32.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     return d;
 }
 

@@ -1,7 +1,7 @@
 // kernels/topk/elements.cuh -- the element types: Elem<float> and Elem<uint16_t> (bf16 bits) say how a 16-byte
-// vector of logits loads, unpacks to floats and yields its maximum; Elem1 is one scalar float (the small path's
-// unaligned head and tail); pick reads an unpacked element at a runtime index. Used by every entry point (the
-// general path only through Elem<T>::load1).
+// vector of logits loads, unpacks to floats, yields its maximum and one element at a runtime index; Elem1 is one
+// scalar float (the small path's unaligned head and tail); pick reads an unpacked element at a runtime index. Used
+// by every entry point (the general path only through Elem<T>::load1).
 #pragma once
 
 #include <stdint.h>
@@ -49,6 +49,11 @@ template <> struct Elem<float> {
     }
     __device__ static __forceinline__ VMax vmax2(VMax a, VMax b) { return fmaxf(a, b); }
     __device__ static __forceinline__ float vmax_float(VMax a) { return a; }
+    // element e of v for a runtime e (selects, no local memory)
+    __device__ static __forceinline__ float at(const Vec& v, int e) {
+        const float x[W] = {v.x, v.y, v.z, v.w};
+        return pick(x, e);
+    }
 };
 
 // bf16: of -0.0 / +0.0 bf16x2_max may return either, which no user of a maximum can tell apart (f2key maps -0.0
@@ -81,6 +86,11 @@ template <> struct Elem<uint16_t> {
     // the larger half as a float: the max of the pair and its swap holds it in both halves
     __device__ static __forceinline__ float vmax_float(VMax p) {
         return __uint_as_float(bf16x2_max(p, __byte_perm(p, 0u, 0x1032)) & 0xffff0000u);
+    }
+    // element e of v for a runtime e: its pair by selects, then its half
+    __device__ static __forceinline__ float at(const Vec& v, int e) {
+        const uint32_t w = (e & 4) ? ((e & 2) ? v.w : v.z) : ((e & 2) ? v.y : v.x);
+        return __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16));
     }
 };
 

@@ -45,11 +45,15 @@ struct GateShared {
 
 // The gate G (a composite: every kept element reaches it) in the forms the scan tests: x > gf passes, x == gf
 // passes when id <= gid, x < gf fails -- exactly comp(x, id) >= G for non-NaN x (f2key is monotone and maps -0
-// to +0; a gate key below -inf's has no float image: then every element passes).
+// to +0; a gate key below -inf's has no float image: then every element passes). For bf16 elements the same test
+// on bf16 pairs: x > gf iff x > below, and x >= least holds for x > gf and for x == gf only, where below and least
+// are the bf16 values next to gf (both gf itself when gf is a bf16 value; gf is never NaN).
 struct BlockGate {
     unsigned long long cc = 0ull;
     float gf = neg_inf();
     uint32_t gid = ~0u;
+    uint32_t below2 = 0xff80ff80u;   // bf16 pairs (the f32 kernels never read them)
+    uint32_t least2 = 0xff80ff80u;
 
     __device__ __forceinline__ void set(unsigned long long c) {
         cc = c;
@@ -57,12 +61,46 @@ struct BlockGate {
         const bool open = k < f2key(neg_inf());
         gf = open ? neg_inf() : key2f(k);
         gid = open ? ~0u : ID_MASK - (uint32_t)(c & ID_MASK);
+        // gf's bits truncated to bf16 round toward zero: below gf when positive, above it when negative
+        const uint32_t u = __float_as_uint(gf), t = u >> 16;
+        const bool exact = (u & 0xffffu) == 0u, negative = (u >> 31) != 0u;
+        const uint32_t below = exact ? t : (negative ? t + 1u : t);
+        const uint32_t least = exact ? t : (negative ? t : t + 1u);
+        below2 = below * 0x10001u;
+        least2 = least * 0x10001u;
     }
     // branch-free: the compares combine as predicates
     __device__ __forceinline__ bool passes(float x, uint32_t id) const {
         return (x > gf) | ((x == gf) & (id <= gid));
     }
 };
+
+// Bit e set where element e of a vector (ids id0 + e) passes the gate (none where !hot).
+__device__ __forceinline__ uint32_t gate_mask(const float4& v, const BlockGate& g, uint32_t id0, bool hot = true) {
+    const float x[4] = {v.x, v.y, v.z, v.w};
+    uint32_t pass = 0u;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pass |= (hot & g.passes(x[e], id0 + (uint32_t)e) ? 1u : 0u) << e;
+    return pass;
+}
+// bf16: two compares a pair (HSET2) and no unpacking. Ties (x == gf) pass where id <= gid: a prefix of the vector's
+// ids. Each compare leaves 0xff in the two bytes of a passing half; two byte permutes gather elements 0-3 and 4-7
+// one byte each, and a multiply sums the bytes (disjoint bits, no carries) into the top byte.
+__device__ __forceinline__ uint32_t gate_mask(const uint4& v, const BlockGate& g, uint32_t id0, bool hot = true) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    uint32_t above[4], reach[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        above[i] = kdt::bf16x2_gt_mask(w[i], g.below2);
+        reach[i] = kdt::bf16x2_ge_mask(w[i], g.least2);
+    }
+    auto to_bits = [](const uint32_t (&m)[4]) {
+        const uint32_t lo = __byte_perm(m[0], m[1], 0x6420), hi = __byte_perm(m[2], m[3], 0x6420);
+        return (((lo & 0x08040201u) | (hi & 0x80402010u)) * 0x01010101u) >> 24;
+    };
+    const uint32_t ids_ok = g.gid < id0 ? 0u : 0xffu >> (7u - min(g.gid - id0, 7u));
+    return hot ? to_bits(reach) & (to_bits(above) | ids_ok) : 0u;
+}
 
 // buf[0 .. n) (n > V) pruned in place to its V best plus at most `slack` (those of the radix select's last bin);
 // returns the new gate. Every entry lies in [gate, (hi_key, any id)]: their common prefix is skipped. Its barriers
@@ -141,8 +179,8 @@ __device__ __forceinline__ uint32_t warp_hi_key(float m) { return __reduce_max_s
 // shared atomic per lane with candidates (they are few: a scan over the warp would cost more). Past `mark` the warp
 // asks for a prune (the warps meet at their next step's end); when the buffer is full, it meets them now and
 // re-tests what is left against the raised gate.
-template <int W>
-__device__ __forceinline__ void gate_append(const float (&x)[W], uint32_t id0, uint32_t pass, BlockGate& g,
+template <typename E>
+__device__ __forceinline__ void gate_append(const typename E::Vec& v, uint32_t id0, uint32_t pass, BlockGate& g,
                                             unsigned long long* buf, int capacity, uint32_t mark, int V,
                                             GateShared& sh, float m) {
     while (__any_sync(FULL, pass != 0u)) {
@@ -152,17 +190,13 @@ __device__ __forceinline__ void gate_append(const float (&x)[W], uint32_t id0, u
         while (pass != 0u && slot < (uint32_t)capacity) {
             const int e = __ffs(pass) - 1;
             pass &= pass - 1u;
-            buf[slot++] = comp(pick(x, e), (int)(id0 + (uint32_t)e));
+            buf[slot++] = comp(E::at(v, e), (int)(id0 + (uint32_t)e));
         }
         if (__any_sync(FULL, past_mark) && (threadIdx.x & 31) == 0) atomicOr(&sh.prune, 1u);
         if (__any_sync(FULL, pass != 0u)) {   // the buffer is full
             bool finished;
             g.set(gate_rendezvous(buf, capacity, V, sh, warp_hi_key(m), finished));
-            uint32_t left = 0u;
-#pragma unroll
-            for (int e = 0; e < W; ++e)
-                left |= (((pass >> e) & 1u) != 0u) & g.passes(x[e], id0 + (uint32_t)e) ? 1u << e : 0u;
-            pass = left;
+            pass &= gate_mask(v, g, id0);
         }
     }
 }
@@ -495,14 +529,9 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
                 validh[u] = valid[part * H + u];
             }
             scan_group<E>(vh, validh, sm, g, [&](int u, bool hot) {
-                float x[W];
-                E::unpack(vh[u], x);
                 const uint32_t id0 =
                     (uint32_t)col0 + (uint32_t)(first + warp_first + (part * H + u) * 32 + lane) * (uint32_t)W;
-                uint32_t pass = 0u;
-#pragma unroll
-                for (int e = 0; e < W; ++e) pass |= (hot & g.passes(x[e], id0 + (uint32_t)e) ? 1u : 0u) << e;
-                gate_append(x, id0, pass, g, buf, capacity, mark, V, sh, sm.m);
+                gate_append<E>(vh[u], id0, gate_mask(vh[u], g, id0, hot), g, buf, capacity, mark, V, sh, sm.m);
             });
             // another warp asked for a prune: meet it. A plain read: a request it misses only waits for the next
             // look, and the flag is cleared only inside a meeting, behind its barriers.
