@@ -1,7 +1,7 @@
 // kernels/common/ptx.cuh -- the PTX wrappers the kernels share: shared-window addresses, async copies into shared
 // memory (per-thread cp.async and the bulk-copy engine) and bulk L2 prefetches, shared-memory loads, stores and
-// atomics, block and named barriers, the fast exponential and packed bf16 arithmetic and compares. Device-only, header-only,
-// __forceinline__.
+// atomics, block and named barriers, the fast exponential, packed bf16 arithmetic and compares. Device-only,
+// header-only, __forceinline__.
 //
 // Every inline `asm` of the kernels lives in kernels/common/ (this file, cluster.cuh, mbarrier.cuh, mma.cuh,
 // wgmma.cuh), so each instruction's contract is written down once.

@@ -26,6 +26,21 @@ __device__ __forceinline__ float pick(const float (&a)[N], int e) {
     return r;
 }
 
+// w[i] for a runtime i < N (N a power of two) by a tree of selects on i's bits: N - 1 selects, no local memory.
+template <int N>
+__device__ __forceinline__ uint32_t select_word(const uint32_t (&w)[N], int i) {
+    static_assert(N > 0 && (N & (N - 1)) == 0, "a power of two");
+    uint32_t t[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) t[k] = w[k];
+#pragma unroll
+    for (int s = 1; s < N; s *= 2) {
+#pragma unroll
+        for (int k = 0; k < N; k += 2 * s) t[k] = (i & s) ? t[k + s] : t[k];
+    }
+    return t[0];
+}
+
 template <typename Tin> struct Elem;
 template <> struct Elem<float> {
     using Vec = float4;
@@ -49,10 +64,21 @@ template <> struct Elem<float> {
     }
     __device__ static __forceinline__ VMax vmax2(VMax a, VMax b) { return fmaxf(a, b); }
     __device__ static __forceinline__ float vmax_float(VMax a) { return a; }
-    // element e of v for a runtime e (selects, no local memory)
-    __device__ static __forceinline__ float at(const Vec& v, int e) {
-        const float x[W] = {v.x, v.y, v.z, v.w};
-        return pick(x, e);
+    // element b of H vectors in a row (vector b / W, element b % W) for a runtime b (selects, no local memory)
+    template <int H>
+    __device__ static __forceinline__ float at(const Vec (&v)[H], int b) {
+        if constexpr (H == 1) {
+            const float x[W] = {v[0].x, v[0].y, v[0].z, v[0].w};
+            return pick(x, b);
+        } else {
+            uint32_t w[4 * H];
+#pragma unroll
+            for (int u = 0; u < H; ++u) {
+                w[4 * u] = __float_as_uint(v[u].x); w[4 * u + 1] = __float_as_uint(v[u].y);
+                w[4 * u + 2] = __float_as_uint(v[u].z); w[4 * u + 3] = __float_as_uint(v[u].w);
+            }
+            return __uint_as_float(select_word(w, b));
+        }
     }
 };
 
@@ -87,10 +113,17 @@ template <> struct Elem<uint16_t> {
     __device__ static __forceinline__ float vmax_float(VMax p) {
         return __uint_as_float(bf16x2_max(p, __byte_perm(p, 0u, 0x1032)) & 0xffff0000u);
     }
-    // element e of v for a runtime e: its pair by selects, then its half
-    __device__ static __forceinline__ float at(const Vec& v, int e) {
-        const uint32_t w = (e & 4) ? ((e & 2) ? v.w : v.z) : ((e & 2) ? v.y : v.x);
-        return __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16));
+    // element b of H vectors in a row (vector b / W, element b % W) for a runtime b: its pair by selects, then its
+    // half
+    template <int H>
+    __device__ static __forceinline__ float at(const Vec (&v)[H], int b) {
+        uint32_t w[4 * H];
+#pragma unroll
+        for (int u = 0; u < H; ++u) {
+            w[4 * u] = v[u].x; w[4 * u + 1] = v[u].y; w[4 * u + 2] = v[u].z; w[4 * u + 3] = v[u].w;
+        }
+        const uint32_t pair = select_word(w, b >> 1);
+        return __uint_as_float((b & 1) ? (pair & 0xffff0000u) : (pair << 16));
     }
 };
 

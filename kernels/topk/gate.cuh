@@ -175,28 +175,42 @@ __device__ __noinline__ unsigned long long gate_rendezvous(unsigned long long* b
 // The warp's largest key so far (the rendezvous' upper bound of the buffer).
 __device__ __forceinline__ uint32_t warp_hi_key(float m) { return __reduce_max_sync(FULL, f2key(m)); }
 
-// Appends the elements of one vector (x, ids id0 + e) whose bits are set in `pass` (per lane) to the buffer, one
-// shared atomic per lane with candidates (they are few: a scan over the warp would cost more). Past `mark` the warp
-// asks for a prune (the warps meet at their next step's end); when the buffer is full, it meets them now and
-// re-tests what is left against the raised gate.
-template <typename E>
-__device__ __forceinline__ void gate_append(const typename E::Vec& v, uint32_t id0, uint32_t pass, BlockGate& g,
-                                            unsigned long long* buf, int capacity, uint32_t mark, int V,
-                                            GateShared& sh, float m) {
+// The pass bits of H vectors of a lane, 32 vectors apart in the row (vector u's ids id0 + u * 32 * W + e, bit
+// u * W + e), against the gate (none where !hot).
+template <typename E, int H>
+__device__ __forceinline__ uint32_t gate_masks(const typename E::Vec (&v)[H], const BlockGate& g, uint32_t id0,
+                                               bool hot = true) {
+    uint32_t pass = 0u;
+#pragma unroll
+    for (int u = 0; u < H; ++u) pass |= gate_mask(v[u], g, id0 + (uint32_t)(u * 32 * E::W), hot) << (u * E::W);
+    return pass;
+}
+
+// Appends the elements of H vectors (a lane's, 32 vectors apart: bit u * W + e is element e of vector u, id
+// id0 + u * 32 * W + e) whose bits are set in `pass` to the buffer, one shared atomic per lane with candidates
+// (they are few: a scan over the warp would cost more). Past `mark` the warp asks for a prune (the warps meet at
+// their next look); when the buffer is full, it meets them now and re-tests what is left against the raised gate.
+template <typename E, int H>
+__device__ __forceinline__ void gate_append(const typename E::Vec (&v)[H], uint32_t id0, uint32_t pass,
+                                            BlockGate& g, unsigned long long* buf, int capacity, uint32_t mark,
+                                            int V, GateShared& sh, float m) {
+    constexpr int W = E::W;
+    static_assert(H * W <= 32 && (W & (W - 1)) == 0, "a pass bit per element");
     while (__any_sync(FULL, pass != 0u)) {
         const uint32_t c = (uint32_t)__popc(pass);
         uint32_t slot = c ? atomicAdd(&sh.count, c) : 0u;
         const bool past_mark = c && slot + c > mark;
         while (pass != 0u && slot < (uint32_t)capacity) {
-            const int e = __ffs(pass) - 1;
+            const int b = __ffs(pass) - 1;
             pass &= pass - 1u;
-            buf[slot++] = comp(E::at(v, e), (int)(id0 + (uint32_t)e));
+            const uint32_t id = id0 + (uint32_t)(H == 1 ? b : (b / W) * 32 * W + b % W);
+            buf[slot++] = comp(E::at(v, b), (int)id);
         }
         if (__any_sync(FULL, past_mark) && (threadIdx.x & 31) == 0) atomicOr(&sh.prune, 1u);
         if (__any_sync(FULL, pass != 0u)) {   // the buffer is full
             bool finished;
             g.set(gate_rendezvous(buf, capacity, V, sh, warp_hi_key(m), finished));
-            pass &= gate_mask(v, g, id0);
+            pass &= gate_masks<E>(v, g, id0);
         }
     }
 }
@@ -438,6 +452,10 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
     constexpr int U = GATE_U;
     constexpr int W = E::W;
     constexpr int PARTS = SPLIT ? 1 : 2;          // a step's parts, each followed by a look at the prune flag
+    // a part's vectors appended together, after its softmax (one reservation, one look at the mark), or each as it is
+    // tested: the one-block f32 kernel, where at V = 64 most vectors are cold and the joint append measured slower
+    // (plans/kernels/topk.md, "The bf16 test by packed compares")
+    constexpr bool APPEND_PARTS = SPLIT || !std::is_same<Tin, float>::value;
     static_assert(U % PARTS == 0, "parts of a step");
 
     extern __shared__ unsigned long long buf[];   // [capacity], then the ring: [STAGES][U][T] vectors
@@ -528,11 +546,23 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
                 vh[u] = v[part * H + u];
                 validh[u] = valid[part * H + u];
             }
-            scan_group<E>(vh, validh, sm, g, [&](int u, bool hot) {
+            if constexpr (APPEND_PARTS) {
+                // the part's candidates are tested vector by vector and appended together (one reservation)
                 const uint32_t id0 =
-                    (uint32_t)col0 + (uint32_t)(first + warp_first + (part * H + u) * 32 + lane) * (uint32_t)W;
-                gate_append<E>(vh[u], id0, gate_mask(vh[u], g, id0, hot), g, buf, capacity, mark, V, sh, sm.m);
-            });
+                    (uint32_t)col0 + (uint32_t)(first + warp_first + part * H * 32 + lane) * (uint32_t)W;
+                uint32_t pass = 0u;
+                scan_group<E>(vh, validh, sm, g, [&](int u, bool hot) {
+                    pass |= gate_mask(vh[u], g, id0 + (uint32_t)(u * 32 * W), hot) << (u * W);
+                });
+                gate_append<E>(vh, id0, pass, g, buf, capacity, mark, V, sh, sm.m);
+            } else {
+                scan_group<E>(vh, validh, sm, g, [&](int u, bool hot) {
+                    const Vec one[1] = {vh[u]};
+                    const uint32_t id =
+                        (uint32_t)col0 + (uint32_t)(first + warp_first + (part * H + u) * 32 + lane) * (uint32_t)W;
+                    gate_append<E>(one, id, gate_mask(vh[u], g, id, hot), g, buf, capacity, mark, V, sh, sm.m);
+                });
+            }
             // another warp asked for a prune: meet it. A plain read: a request it misses only waits for the next
             // look, and the flag is cleared only inside a meeting, behind its barriers.
             if (__any_sync(FULL, *reinterpret_cast<volatile const uint32_t*>(&sh.prune) != 0u)) {
