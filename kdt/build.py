@@ -136,10 +136,21 @@ def parse_ptxas(log: str, parameters: dict[str, tuple[int, ...]]) -> list[Functi
     return out
 
 
+def elf_reader():
+    """pyelftools' ELFFile, which reads a new cubin's records. It is one of kdt's dependencies; a checkout run where
+    it is missing (a bare GPU image) gets ToolkitMissing (exit 2) before nvcc runs, not a traceback after it."""
+    try:
+        from elftools.elf.elffile import ELFFile
+    except ModuleNotFoundError:
+        raise toolkit.ToolkitMissing("pyelftools is not installed, and kdt build reads each new cubin's parameter "
+                                     "records and constants with it: python3 -m pip install pyelftools (or install "
+                                     "kdt, which depends on it); cubins already in the cache need no build") from None
+    return ELFFile
+
+
 def exported_constants(cubin: Path) -> dict[str, int]:
     """`extern "C" __constant__ int kdt_*` of a cubin: name -> value, from its ELF symbol table."""
-    from elftools.elf.elffile import ELFFile
-
+    ELFFile = elf_reader()
     constants = {}
     with open(cubin, "rb") as handle:
         elf = ELFFile(handle)
@@ -163,8 +174,7 @@ def kernel_parameters(cubin: Path) -> dict[str, tuple[int, ...]]:
     """Entry function -> the byte size of each of its parameters, in order, from the cubin's `.nv.info.<function>`
     sections: what the driver copies from a launch's argument array, so a launch can be checked against it on the
     CPU. ValueError for a section kdt cannot read."""
-    from elftools.elf.elffile import ELFFile
-
+    ELFFile = elf_reader()
     prefix = ".nv.info."
     with open(cubin, "rb") as handle:
         return {section.name[len(prefix):]: _parameter_sizes(section.data(), section.name)
@@ -251,6 +261,7 @@ def build(kernel, arch: str, nvcc: toolkit.Nvcc | None = None, force: bool = Fal
             return BuildResult(name, arch, cubin, True, cached["resources"], cached["constants"])
         _say(f"kdt build: the cached {cubin.name} does not match the digest recorded when it was built (truncated or "
              "overwritten): rebuilding it")
+    elf_reader()   # before a minute of nvcc whose cubin could not be read
     directory.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{cubin.name}.", dir=directory)
     os.close(handle)

@@ -242,6 +242,20 @@ def test_a_corrupted_cache_entry_is_rebuilt_not_trusted(tiny, capsys):
 
 
 @pytest.mark.nvcc
+def test_without_pyelftools_a_build_stops_before_nvcc_and_the_cache_still_serves(tiny, monkeypatch, capsys):
+    """A checkout run on an image without pyelftools (kdt's dependency that reads a new cubin's records): a clear
+    ToolkitMissing (exit 2) before nvcc runs, and cubins already in the cache load as before."""
+    cached = build.build("tiny", "sm_90")
+    monkeypatch.setitem(__import__("sys").modules, "elftools.elf.elffile", None)
+    assert build.build("tiny", "sm_90").cached
+    capsys.readouterr()
+    with pytest.raises(toolkit.ToolkitMissing, match="pip install pyelftools"):
+        build.build("tiny", "sm_90", force=True)
+    assert "compiling" not in capsys.readouterr().err
+    assert build.build("tiny", "sm_90").cubin == cached.cubin
+
+
+@pytest.mark.nvcc
 def test_cached_files_are_readable_by_the_group(tiny):
     result = build.build("tiny", "sm_90")
     for path in (result.cubin, result.cubin.with_suffix(".json")):
