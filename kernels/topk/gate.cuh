@@ -1,15 +1,16 @@
 // kernels/topk/gate.cuh -- the gate path (32 < V <= 1024, rows 16-byte aligned): one block of 1024 threads per row
 // reads the row once, in 16-byte vectors (f32 rows through a cp.async ring on the 227 KB parts), and keeps in a
 // shared buffer every element whose composite reaches the gate, a lower bound of the row's V-th best composite
-// (opened at the first step's V-th best vector maximum). The warps stream without block barriers: a warp whose
-// append passes a mark (or finds the buffer full) raises a flag, every warp meets the others at the end of its half
-// step (a split's: its step; at once, if the buffer is full or it has finished), and the block prunes the buffer by
-// radix select, which raises the gate. The meeting's barriers are the divergent kind (warps reach them from
-// different places). The softmax statistics ride in the same pass; a rank of what the buffer holds writes the V
-// best. Exact: an element below the gate is below V kept ones. Split rows (few rows, SPLIT): S blocks a row each keep
-// their columns' V best, and the row's last block to finish merges them through the workspace. gate_impl<Tin, SPLIT>
-// serves kdt_topk_gate_{f32,bf16} and kdt_topk_gate_split_{f32,bf16}. Design, figures: plans/kernels/topk.md, "Gate
-// path (wide V)".
+// (opened at the first step's V-th best vector maximum; bf16 vectors tested by packed compares, a part's vectors
+// appended with one reservation except in the one-block f32 kernel). The warps stream without block barriers: a warp
+// whose append passes a mark (or finds the buffer full) raises a flag, every warp meets the others at the end of its
+// half step (a split's: its step; at once, if the buffer is full or it has finished), and the block prunes the
+// buffer by radix select, which raises the gate. The meeting's barriers are the divergent kind (warps reach them
+// from different places). The softmax statistics ride in the same pass; a rank of what the buffer holds writes the V
+// best. Exact: an element below the gate is below V kept ones. Split rows (few rows, SPLIT): S blocks a row each
+// keep their columns' V best, and the row's last block to finish merges them through the workspace.
+// gate_impl<Tin, SPLIT> serves kdt_topk_gate_{f32,bf16} and kdt_topk_gate_split_{f32,bf16}. Design, figures:
+// plans/kernels/topk.md, "Gate path (wide V)".
 #pragma once
 
 #include <float.h>
