@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 import shlex
 import sys
 from typing import Iterable, Sequence, Union
@@ -83,9 +84,11 @@ def _cell(value: Cell) -> Text:
 
 
 def md_escape(text: str) -> str:
-    """Text for one markdown table cell or line: pipes escaped, no raw HTML, one line."""
-    return (text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;")
-            .replace("\r\n", "\n").replace("\n", "<br>"))
+    """Text for one markdown table cell or line: pipes escaped, no raw HTML (a `<` that could open a tag or a
+    comment becomes `&lt;`; `<=` and `a < b` stay readable in a log), one line."""
+    text = text.replace("\\", "\\\\").replace("|", "\\|")
+    text = re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
+    return text.replace("\r\n", "\n").replace("\n", "<br>")
 
 
 class Sheet:

@@ -558,3 +558,13 @@ def test_pipeline_tables_whole(monkeypatch, capsys):
     assert code == 0, err
     assert_whole(out, ["kdt stages (topk + tree-build + tree-accept)", "lossless (= the target's greedy decoding)",
                        "mean accepted length (bonus excluded)"])
+
+
+def test_markdown_cells_escape_what_could_open_html_and_keep_comparisons_readable():
+    from kdt.console import md_escape
+
+    assert md_escape("select where every log-prob <= 0") == "select where every log-prob <= 0"
+    assert md_escape("a < b | c") == "a < b \\| c"
+    for raw in ("<script>", "</b>", "<!-- x -->", "<?xml", "<https://example.com>"):
+        assert not md_escape(raw).startswith("<"), raw
+    assert md_escape("one\ntwo") == "one<br>two"
