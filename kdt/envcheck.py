@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 from kdt import arches, paths, toolkit
 
-REQUIRED_PACKAGES = ("numpy", "h5py", "ml_dtypes", "typer", "rich")
+REQUIRED_PACKAGES = ("numpy", "h5py", "ml_dtypes", "typer", "rich", "pyelftools")   # pyelftools: a new build
 OPTIONAL_PACKAGES = {"cuda-pathfinder": "finds nvcc in pip-installed CUDA toolkits",
                      "hypothesis": "property tests (extra `test`)", "pytest": "the test suite (extra `test`)"}
 PROBE_ARCHES = ("sm_90", "sm_120")
