@@ -75,9 +75,9 @@ def make_cases() -> list[Case]:
     # bf16 log-probabilities (every logit < 0): the gate is negative, on the bf16 grid when it is a kept element's
     # value and between two bf16 values when a prune raised it to a bin's floor (the packed test's two forms), with
     # runs of equal values at the V-th place
-    logits = drafter_logits(rng(117), 1, 4, 16384).astype(np.float64)
-    logprobs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
-        - logits.max(-1, keepdims=True)
+    shifted = drafter_logits(rng(117), 1, 4, 16384).astype(np.float64)
+    shifted -= shifted.max(-1, keepdims=True)
+    logprobs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
     cases.append(_case("wide_v512_logprob_rows_vocab16384_bf16", "V=512 over bf16 log-probabilities: a negative "
                        "gate, on and off the bf16 grid, with ties at the 512th place", 117, 512,
                        to_bf16(logprobs.astype(np.float32))))

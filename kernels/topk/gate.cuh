@@ -177,13 +177,12 @@ __device__ __noinline__ unsigned long long gate_rendezvous(unsigned long long* b
 __device__ __forceinline__ uint32_t warp_hi_key(float m) { return __reduce_max_sync(FULL, f2key(m)); }
 
 // The pass bits of H vectors of a lane, 32 vectors apart in the row (vector u's ids id0 + u * 32 * W + e, bit
-// u * W + e), against the gate (none where !hot).
+// u * W + e), against the gate.
 template <typename E, int H>
-__device__ __forceinline__ uint32_t gate_masks(const typename E::Vec (&v)[H], const BlockGate& g, uint32_t id0,
-                                               bool hot = true) {
+__device__ __forceinline__ uint32_t gate_masks(const typename E::Vec (&v)[H], const BlockGate& g, uint32_t id0) {
     uint32_t pass = 0u;
 #pragma unroll
-    for (int u = 0; u < H; ++u) pass |= gate_mask(v[u], g, id0 + (uint32_t)(u * 32 * E::W), hot) << (u * E::W);
+    for (int u = 0; u < H; ++u) pass |= gate_mask(v[u], g, id0 + (uint32_t)(u * 32 * E::W)) << (u * E::W);
     return pass;
 }
 
