@@ -18,7 +18,9 @@
 //   The plain and _select entries stage every log-prob the build can read (ranks < Vs = min(V, B + 1)); _g (K * V
 //   over the budget) reads ranks >= Vs from global memory, serial only; _g_select the same with the select path
 //   (the plan stages fewer ranks to leave room for its two-pass scratch). Args cap, cap3: the select pool's
-//   capacities (0: no select path; cap > cap3: one-pass layout, cap == cap3: two passes).
+//   capacities (0: no select path; cap > cap3: one-pass layout, cap == cap3: two passes); estimate: whether the
+//   wide kind estimates its threshold from the rows before counting (1 from B = kdt_tree_build_select_estimate_
+//   min_budget by default).
 //
 // Launch shape: grid = G blocks (one request each), block = kdt_tree_build_threads (256), no cluster, no
 //   workspace. Dynamic shared memory (the launcher computes it from the exported constants, see the note,
@@ -48,6 +50,8 @@ __constant__ int kdt_tree_build_max_depth = 64;                // K limit
 __constant__ int kdt_tree_build_max_fanout = 1024;             // V limit
 __constant__ int kdt_tree_build_select_min_budget = kSelectMinBudget;   // default: select path from this B
 __constant__ int kdt_tree_build_select_max_fanout = kSelectMaxFanout;   // select path only for Vs up to this
+__constant__ int kdt_tree_build_select_narrow_fanout = kSelectNarrowFanout;   // past this Vs: the wide kind
+__constant__ int kdt_tree_build_select_estimate_min_budget = kSelectEstimateMinBudget;  // default: estimate from B
 __constant__ int kdt_tree_build_smem_select_fixed_bytes = kSelectFixedBytes;  // select scratch: fixed part
 __constant__ int kdt_tree_build_smem_select_bytes_per_cap = kSelectBytesPerCap;  // and per pool entry
 __constant__ int kdt_tree_build_smem_select_bytes_per_ranked = kSelectBytesPerRanked;  // and per ranked entry
@@ -59,12 +63,13 @@ __device__ unsigned long long kdt_tree_build_select_runs = 0ull;
 #define KDT_TREE_BUILD_ENTRY(NPL, SUFFIX, PARTIAL, SELECT)                                                      \
     extern "C" __global__ void __launch_bounds__(kThreads, 1) kdt_tree_build_p##NPL##SUFFIX(                   \
         const float* __restrict__ top_logp, const int* __restrict__ top_ids, int K, int V, int B, int Vs,      \
-        int cap, int cap3, int* __restrict__ n_nodes, int* __restrict__ parent, int* __restrict__ depth,       \
+        int cap, int cap3, int estimate, int* __restrict__ n_nodes, int* __restrict__ parent,                  \
+        int* __restrict__ depth,                                                                                \
         int* __restrict__ token, int* __restrict__ rank, float* __restrict__ logw,                              \
         int* __restrict__ first_child, int* __restrict__ next_sibling, uint32_t* __restrict__ mask) {           \
         kdt::after_previous_launch();                                                                           \
-        tree_build_body<NPL, PARTIAL, SELECT>(top_logp, top_ids, K, V, B, Vs, cap, cap3, n_nodes, parent, depth, \
-                                              token, rank, logw, first_child, next_sibling, mask);              \
+        tree_build_body<NPL, PARTIAL, SELECT>(top_logp, top_ids, K, V, B, Vs, cap, cap3, estimate != 0, n_nodes, \
+                                              parent, depth, token, rank, logw, first_child, next_sibling, mask); \
     }
 
 // kdt_tree_build_p{NPL}: the needed [K, Vs = min(V, B + 1)] log-probs fit in shared memory; small path and serial

@@ -196,6 +196,29 @@ def test_tree_build_select_path_by_budget_and_knob(targets):
 
 
 @pytest.mark.nvcc
+def test_tree_build_estimates_the_wide_threshold_from_its_budget_and_knob(targets):
+    """The estimate argument (after cap3) is 1 only for the wide select kind (V > 32 or rows partly in global
+    memory) at B >= select_estimate_min_budget: the narrow kind has none, and small budgets measured slower."""
+    target = targets("tree-build", "sm_90")
+
+    def estimate(budget, V, **knobs):
+        inputs = {name: ArraySpec((4, 7, V), dtype) for name, dtype in (("top_logp", "float32"), ("top_ids", "int32"))}
+        plan = ops.plan_for("tree-build", inputs, {"budget": budget}, target, knobs)
+        flag = int(plan.launches[0].args[8])
+        assert plan.fact("threshold estimated") == ("yes" if flag else "no")
+        return flag
+
+    default = target.constant("kdt_tree_build_select_estimate_min_budget")
+    assert 64 < default <= 1023
+    assert estimate(1023, 1024) == estimate(1023, 64) == estimate(default, 256) == 1
+    assert estimate(default - 1, 256) == estimate(64, 64) == 0
+    assert estimate(1023, 8) == estimate(1023, 32) == 0                 # the narrow kind
+    assert estimate(64, 64, select_estimate_min_budget=1) == 1
+    assert estimate(1023, 1024, select_estimate_min_budget=1024) == 0
+    assert estimate(1023, 1024, select_min_budget=1024) == 0            # no select path at all
+
+
+@pytest.mark.nvcc
 def test_verify_attn_splits_fill_the_gpu_from_shapes_alone(targets):
     def plan(groups, heads, slots, prefix, sms=132, arch="sm_90", **knobs):
         pages = prefix // 64

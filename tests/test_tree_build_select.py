@@ -23,18 +23,51 @@ def score_bin(score: np.float32) -> int:
 
 
 WIDE = 32                   # kSelectNarrowFanout: past it a level that overflows the pool is retried
+ESTIMATE_CELLS = 128        # kernels/tree_build/select.cuh: kEstimateCells
+ESTIMATE_DEPTHS = BINS // ESTIMATE_CELLS
+
+
+def estimated_bin(top_logp: np.ndarray, budget: int) -> int:
+    """The wide kind's first threshold bin, as `wide_estimated_bin` computes it in float32: log-probs rounded down
+    to a grid of cells, the paths counted by their cell sums (a convolution, capped at the budget), one bin below
+    the pessimistic score of the budget-th path; 0 where the grid holds fewer paths."""
+    max_depth = top_logp.shape[0]
+    fanout = min(top_logp.shape[1], budget + 1)         # the kernel's lps.fanout
+    low, paths_to_depth, layer, depth = np.float32(0.0), 0, 1, 0
+    while paths_to_depth < budget and depth < max_depth:
+        low = np.float32(low + top_logp[depth, fanout - 1])
+        layer = min(layer * fanout, budget)
+        paths_to_depth += layer
+        depth += 1
+    if paths_to_depth < budget or not low < 0 or low == -np.inf:
+        return 0
+    inv_width = np.float32(np.float32(ESTIMATE_CELLS - 2) / np.float32(-low))
+    paths = np.zeros(ESTIMATE_CELLS, np.int64)
+    paths[0] = 1
+    counted = np.zeros(ESTIMATE_CELLS, np.int64)
+    for depth in range(min(max_depth, ESTIMATE_DEPTHS)):
+        with np.errstate(invalid="ignore", over="ignore"):
+            q = (-top_logp[depth, :fanout]).astype(np.float32) * inv_width
+        cells = np.bincount(q[q < ESTIMATE_CELLS - 1].astype(np.int64) + 1, minlength=ESTIMATE_CELLS)
+        paths = np.minimum(np.convolve(paths, cells)[:ESTIMATE_CELLS], budget)
+        counted += paths
+    reach = np.nonzero(np.cumsum(counted) >= budget)[0]
+    if not len(reach):
+        return 0
+    return max(score_bin(np.float32(-np.float32(reach[0]) / inv_width)) - 1, 0)
 
 
 def select_build(top_logp: np.ndarray, budget: int, capacity: int | None = None,
-                 raises: list | None = None) -> list[tuple[int, int, int, np.float32]] | None:
+                 raises: list | None = None, estimate: bool = True) -> list[tuple[int, int, int, np.float32]] | None:
     """The select path's taken nodes as (parent slot, depth, rank, score), or None where the kernel falls back
-    to its serial loop (a positive log-prob, or a pool of `capacity` entries too small). Past WIDE, a level that
-    would overflow the pool raises the threshold first (appending each raise to `raises`)."""
+    to its serial loop (a positive log-prob, or a pool of `capacity` entries too small). Past WIDE, phase 1 starts
+    at the estimated threshold (with `estimate`, the kernel's argument of that name), and a level that would
+    overflow the pool raises the threshold first (appending each raise to `raises`)."""
     max_depth, fanout = top_logp.shape
     if (top_logp[np.isfinite(top_logp)] > 0).any():
         return None
     hist = np.zeros(BINS, np.int64)
-    threshold = 0
+    threshold = estimated_bin(top_logp, budget) if estimate and min(fanout, budget + 1) > WIDE else 0
     score, parent, rank = [], [], []         # the pool; parent -1 is the root
     level = [-1]
     def counted(depth: int, node: int, bin_floor: int) -> int:      # a prefix of the row
@@ -136,13 +169,14 @@ def _inputs(rng: np.random.Generator) -> tuple[np.ndarray, int]:
     return lp, budget
 
 
+@pytest.mark.parametrize("estimate", [False, True])
 @pytest.mark.parametrize("seed", range(40))
-def test_select_model_matches_reference(seed):
+def test_select_model_matches_reference(seed, estimate):
     rng = np.random.default_rng(9000 + seed)
     for _ in range(5):
         lp, budget = _inputs(rng)
         expected = build_one(lp, budget)
-        got = select_build(lp, budget)
+        got = select_build(lp, budget, estimate=estimate)
         assert got is not None
         assert [t[:3] for t in got] == [t[:3] for t in expected]
         assert [np.float32(t[3]).tobytes() for t in got] == [np.float32(t[3]).tobytes() for t in expected]
@@ -176,3 +210,36 @@ def test_bins_are_monotone_in_the_score():
     bins = [score_bin(s) for s in scores]
     assert all(a <= b for a, b in zip(bins, bins[1:]))
     assert bins[0] == 0 and bins[-1] == BINS - 1
+
+
+def _budget_th_bin(top_logp: np.ndarray, budget: int) -> int | None:
+    taken = build_one(top_logp, budget)
+    return score_bin(min(t[3] for t in taken)) if len(taken) == budget else None
+
+
+@pytest.mark.parametrize("fanout,budget", [(64, 64), (64, 1023), (256, 256), (1024, 1023)])
+def test_estimated_bin_is_below_the_budget_th_path_and_close_to_it(fanout, budget):
+    """On drafter rows the estimate must never pass the bin of the budget-th best path (it would drop a node) and
+    must be within a few bins of it (else phase 1 counts thousands of paths, what the estimate is for)."""
+    top_logp, _ = drafter_topk(np.random.default_rng(fanout + budget), 6, 7, fanout)
+    for lp in top_logp:
+        target = _budget_th_bin(lp, budget)
+        got = estimated_bin(lp, budget)
+        assert 0 < got <= target <= got + 10, (got, target)
+
+
+def test_estimated_bin_stays_below_the_budget_th_path_on_ties_and_dead_tails():
+    rng = np.random.default_rng(9200)
+    estimated = 0
+    for _ in range(800):
+        lp, budget = _inputs(rng)
+        if min(lp.shape[1], budget + 1) <= WIDE:
+            continue
+        target = _budget_th_bin(lp, budget)
+        got = estimated_bin(lp, budget)
+        if target is None:      # fewer finite paths than the budget: no bin has enough
+            assert got == 0
+            continue
+        assert got <= target, (got, target)
+        estimated += got > 0
+    assert estimated >= 20, estimated

@@ -5,8 +5,10 @@ two >= ceil((B + 1) / 32)), with the suffix `_g` when the log-probs a build can 
 depth) do not fit the shared-memory budget and the rest is read from global memory, or `_select` when the plan
 offers the select path a pool (B >= `select_min_budget`, the fan-out a build can read at most the kernel's
 select_max_fanout, the scratch fits), or `_g_select` for both: rows too wide to stage beside the select scratch stage
-fewer ranks and read the rest from global memory. Two arguments size that pool (0: the serial loop only). The
-shared-memory layout below mirrors the kernel's (plans/kernels/tree-build.md). No workspace.
+fewer ranks and read the rest from global memory. Two arguments size that pool (0: the serial loop only); a third
+says whether the select path's wide kind (V > 32) estimates its threshold from the rows first (B >=
+`select_estimate_min_budget`). The shared-memory layout below mirrors the kernel's (plans/kernels/tree-build.md). No
+workspace.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ SELECT_MAX_POOL = 4096
 class Knobs(LaunchKnobs):
     select_min_budget: int | None = knob(None, "the smallest budget offered the select path (None: the kernel's "
                                                "kdt_tree_build_select_min_budget; 1 forces it, 1024 never)")
+    select_estimate_min_budget: int | None = knob(
+        None, "the smallest budget whose wide select (V > 32) estimates its threshold from the rows first (None: "
+              "the kernel's kdt_tree_build_select_estimate_min_budget; 1 always, 1024 never)")
 
 
 def slots_per_lane(budget: int) -> int:
@@ -109,10 +114,18 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
         name, path = f"{PREFIX}p{layout.slots_per_lane}_select", "select where every log-prob <= 0, else serial"
     else:
         name, path = f"{PREFIX}p{layout.slots_per_lane}", "small" if layout.slots_per_lane <= 2 else "serial"
+    estimate_min = knobs.select_estimate_min_budget
+    if estimate_min is None:
+        estimate_min = target.constant(PREFIX + "select_estimate_min_budget")
+    readable = min(fanout, budget + 1)
+    wide = layout.staged < readable or readable > target.constant(PREFIX + "select_narrow_fanout")
+    estimate = bool(layout.pool) and wide and budget >= estimate_min    # the narrow kind has no estimate
     launch = KernelLaunch(name, (groups, 1, 1), target.constant(PREFIX + "threads"),
                           ("top_logp", "top_ids", np.int32(depth), np.int32(fanout), np.int32(budget),
-                           np.int32(layout.staged), np.int32(layout.pool), np.int32(layout.ranked), *OUTPUTS),
+                           np.int32(layout.staged), np.int32(layout.pool), np.int32(layout.ranked),
+                           np.int32(estimate), *OUTPUTS),
                           layout.bytes)
     facts = (("slots per lane", layout.slots_per_lane), ("staged ranks", layout.staged),
-             ("select pool", layout.pool), ("select ranked", layout.ranked))
+             ("select pool", layout.pool), ("select ranked", layout.ranked),
+             ("threshold estimated", "yes" if estimate else "no"))
     return LaunchPlan("tree-build", path, (launch,), 0, facts, knobs)

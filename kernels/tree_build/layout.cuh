@@ -22,6 +22,7 @@ constexpr int kSmemBudget = 98304;   // 96 KiB: under sm_120's 99 KiB opt-in lim
 // Select path (tree_build/select.cuh): the sizes of its scratch in region x, and when the launcher offers it.
 constexpr int kBins = 2048;                 // score bins (see score_bin)
 constexpr int kSelectMinBudget = 64;        // default: serial faster at B = 32, select at B = 64 (perf-notes)
+constexpr int kSelectEstimateMinBudget = 512;   // default: the wide kind estimates its threshold from this B
 constexpr int kSelectItems = 4;             // phase 2: nodes per thread per pass (one (item, warp) count per lane)
 constexpr int kSelectVars = 8;              // scalars of the select scratch (the last one: the root's key)
 constexpr int kSelectInts = 2 * kBins + 2 * kWarps * kSelectItems + kSelectVars;   // hist, offs, pass counts, scalars

@@ -302,6 +302,105 @@ __device__ __forceinline__ void wide_level_expand(const uint32_t* nodes, int n, 
     }
 }
 
+// The wide kind's first threshold, from the rows alone, before any level is counted (the note, "The threshold
+// estimated first"): a bin b0 with at least B paths at or above it, so phase 1 may start at bstar = b0. Each
+// log-prob x falls in cell u = floor(-x / w) + 1 of a grid of kEstimateCells cells (so -u w <= x: a pessimistic
+// score); a convolution over the depths counts the paths by the sum of their cells, capped at B (a capped count
+// never exceeds the true one). B counted paths of cell sum <= k are B real paths of score >= -k w; one bin lower
+// covers every rounding (each < 1e-5 relative, a bin is >= 1/256). The grid reaches past the lowest score T of the
+// paths of depth <= D, D the first depth at which they number B, so the B-th best path lies inside it. Returns 0
+// (no threshold) where it does not. All threads call it; cells (the first kEstimateDepths depths' histograms)
+// and paths take kBins ints each, free before phase 1; wsum is free again on return.
+constexpr int kEstimateCells = 128;
+constexpr int kEstimateDepths = kBins / kEstimateCells;    // depths past these are not counted: a lower count
+constexpr int kEstimateTerms = kEstimateCells / kWarps;     // convolution terms a warp sums
+constexpr int kEstimateGroup = 4;                           // depths whose values a thread loads at once
+static_assert(kEstimateCells == 4 * 32 && kEstimateTerms * kWarps == kEstimateCells, "4 cells a lane");
+static_assert(kSelectMaxFanout <= 4 * kThreads, "a row is 4 values a thread");
+static_assert(kEstimateCells * (2 + kWarps) <= kBins, "paths: zeros, counts and the warps' partial sums");
+__device__ __forceinline__ int wide_estimated_bin(const SelectLogProbs& lps, int K, int B, int* cells, int* paths,
+                                                  int* wsum) {
+    const int V = lps.fanout;
+    const int tid = (int)threadIdx.x;
+    float T = 0.0f;
+    int n = 0;
+    for (int d = 0, layer = 1; n < B && d < K; ++d) {
+        T = __fadd_rn(T, lps.at(d, V - 1));
+        layer = min(layer * V, B);
+        n += layer;
+    }
+    if (n < B || !(T < 0.0f) || T == -INFINITY) return 0;
+    const float inv_w = (float)(kEstimateCells - 2) / -T;  // T's own cell is kEstimateCells - 1 at most
+    const int depths = min(K, kEstimateDepths);
+    int* const counts = paths + kEstimateCells;     // counts[k], k < 0: zeros (paths[0, kEstimateCells))
+    int* const partial = counts + kEstimateCells;   // [kWarps][kEstimateCells]
+    for (int i = tid; i < depths * kEstimateCells; i += kThreads) cells[i] = 0;
+    if (tid < 2 * kEstimateCells) paths[tid] = (tid == kEstimateCells) ? 1 : 0;    // depth 0: the root, sum 0
+    __syncthreads();
+    // The cells: each thread loads kEstimateGroup depths' values (rows may be in global memory), then counts them.
+    for (int d0 = 0; d0 < depths; d0 += kEstimateGroup) {
+        float x[kEstimateGroup][4];
+#pragma unroll
+        for (int e = 0; e < kEstimateGroup; ++e)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int r = tid + u * kThreads;
+                x[e][u] = (d0 + e < depths && r < V) ? lps.at(d0 + e, r) : -INFINITY;
+            }
+#pragma unroll
+        for (int e = 0; e < kEstimateGroup; ++e)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const float q = -x[e][u] * inv_w;       // +inf for -inf: in no cell
+                if (q < (float)(kEstimateCells - 1)) atomicAdd(&cells[(d0 + e) * kEstimateCells + (int)q + 1], 1);
+            }
+    }
+    __syncthreads();
+    // counts[k]: depth d's paths of cell sum k, capped, from depth d - 1's. Warp w sums the terms of cells [16 w,
+    // 16 w + 16) for the lane's outputs 4 l .. 4 l + 3, sliding a window over counts (one load a term besides the
+    // cell's broadcast); one thread a cell then adds the warps' partial sums.
+    const int warp = tid >> 5;
+    const int k0 = 4 * (tid & 31);
+    const int j0 = kEstimateTerms * warp;
+    int counted = 0;        // threads < kEstimateCells: paths of depth 1..d with cell sum tid
+    for (int d = 0; d < depths; ++d) {
+        const int* const h = cells + d * kEstimateCells;
+        int w0 = counts[k0 - j0], w1 = counts[k0 + 1 - j0], w2 = counts[k0 + 2 - j0], w3 = counts[k0 + 3 - j0];
+        int s0 = 0, s1 = 0, s2 = 0, s3 = 0;     // <= B * V: no overflow
+#pragma unroll
+        for (int t = 0; t < kEstimateTerms; ++t) {
+            const int j = j0 + t;
+            const int c = h[j];
+            s0 += w0 * c;
+            s1 += w1 * c;
+            s2 += w2 * c;
+            s3 += w3 * c;
+            w3 = w2;
+            w2 = w1;
+            w1 = w0;
+            w0 = counts[k0 - j - 1];    // >= -kEstimateCells: a zero
+        }
+        *reinterpret_cast<int4*>(partial + warp * kEstimateCells + k0) = make_int4(s0, s1, s2, s3);
+        __syncthreads();    // the partial sums are complete, and every read of depth d - 1's counts is done
+        if (tid < kEstimateCells) {
+            int sum = 0;
+#pragma unroll
+            for (int w = 0; w < kWarps; ++w) sum += partial[w * kEstimateCells + tid];
+            sum = min(sum, B);
+            counts[tid] = sum;
+            counted += sum;
+        }
+        __syncthreads();
+    }
+    int total;
+    const int below = block_exclusive_scan(counted, wsum, total) + counted;    // paths of cell sum <= tid
+    if (total < B) return 0;        // uniform: total is the block's
+    // The first cell sum with B paths at or below it is the number of cell sums with fewer (the sums only grow),
+    // counted by the barrier itself: no value to pass through shared memory.
+    const int first = __syncthreads_count(tid < kEstimateCells && below < B);
+    return max(score_bin(-(float)first / inv_w) - 1, 0);
+}
+
 // Lists this warp's share [lo, hi) of a level's nodes (keep: pool entries node_lo + j, j the level position;
 // !keep: scores cur[j]) that have a counted child, at list positions lo, lo + 1, ...; returns how many. A node
 // has one iff its rank-0 child counts, so the list loses nothing the passes would count (the note, "Listing").
@@ -423,18 +522,21 @@ __device__ __forceinline__ void select_materialise_wide(const SelectLogProbs& lp
 // The select path; all threads call it (see the note, "Select path"). V = lps.fanout. Up to 32, a node's
 // candidate children are the lanes of one group of `group` lanes (the power of two >= V); above (kWide), the block
 // lays each level out by one scan over its nodes (wide_level_layout, wide_level_expand), and a level that would
-// overflow raises the threshold first. Either way a node's children come out contiguous and in rank order. Two
-// layouts of the scratch:
+// overflow raises the threshold first; with `estimate`, phase 1 starts at a threshold estimated from the rows
+// (wide_estimated_bin). Either way a node's children come out contiguous and in rank order. Two layouts of the
+// scratch:
 //   kKeep (one pass over the levels): phase 1 appends every path it counts to the pool (key, link), up to `cap`
 //     entries, and phase 3 ranks those with bin >= bstar (at most `cap3`);
 //   !kKeep (two passes): phase 1 only counts, with two level buffers of 2 * cap scores; phase 2 materialises the
 //     paths with bin >= bstar (at most cap; cap3 == cap).
 // Returns false, having written nothing the serial loop reads, when a capacity is exceeded.
 // Not inlined: one copy per layout, called once per block (inlined, the select path measured ~1 us slower at
-// B = 128..1023 on the H200).
+// B = 128..1023 on the H200). scratch is not __restrict__: its words pass between threads across barriers, and
+// a restrict pointer that never escapes lets the compiler move its loads across a barrier (seen: the note, "The
+// threshold estimated first").
 template <bool kKeep, bool kWide>
 __device__ __noinline__ bool select_build(const SelectLogProbs lps, int K, int B, int cap, int cap3,
-                                             int* __restrict__ scratch, int* __restrict__ rec_s,
+                                             bool estimate, int* scratch, int* __restrict__ rec_s,
                                              float* __restrict__ logw_s, int* __restrict__ fc_s,
                                              int* __restrict__ ns_s, int* __restrict__ misc) {
     int* const hist = scratch;                          // [kBins] paths per bin (phase 1), then a cursor
@@ -458,6 +560,10 @@ __device__ __noinline__ bool select_build(const SelectLogProbs lps, int K, int B
     while (group < min(V, kSelectNarrowFanout)) group *= 2;
     const int rank = tid & (group - 1);                 // this thread's candidate rank (narrow fan-out)
 
+    // The wide kind may start from a threshold estimated from the rows (in hist and offs, before they are used).
+    int first_bin = 0;
+    if constexpr (kWide)
+        if (estimate) first_bin = wide_estimated_bin(lps, K, B, offs, hist, wsum);
     for (int i = tid; i < kBins; i += kThreads) hist[i] = 0;
     if (tid == 0) {
         var[kVarNext] = 0;
@@ -475,7 +581,7 @@ __device__ __noinline__ bool select_build(const SelectLogProbs lps, int K, int B
     // 1..kSelectItems1 items per lane; then every warp moves the threshold itself from the same histogram (bstar
     // and above stay in registers). Two barriers per level: the counts are complete before the walks read them,
     // and every walk is done before the next level's passes change them.
-    int bstar = 0;          // the threshold bin (phase 1: running; then final)
+    int bstar = first_bin;  // the threshold bin (phase 1: running; then final)
     int ranked = 0;         // paths with bin >= bstar: the entries phase 3 ranks
     int pool = 0;           // the pool entries phase 3 scans
     {

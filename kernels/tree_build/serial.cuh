@@ -42,7 +42,7 @@ __device__ __forceinline__ void argmax_pairs(uint32_t (&k)[n], uint32_t (&p)[n])
 // reads one group).
 template <int NPL, bool kPartialLp, bool kSelect>
 __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_logp, const int* __restrict__ top_ids,
-                                                int K, int V, int B, int Vs, int cap, int cap3,
+                                                int K, int V, int B, int Vs, int cap, int cap3, bool estimate,
                                                 int* __restrict__ n_nodes,
                                                 int* __restrict__ out_parent, int* __restrict__ out_depth,
                                                 int* __restrict__ out_token, int* __restrict__ out_rank,
@@ -114,8 +114,10 @@ __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_lo
             const auto attempt = [&](auto keep, int pool) {
                 constexpr bool kKeep = decltype(keep)::value;
                 return wide
-                    ? select_build<kKeep, true>(lps, K, B, pool, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc)
-                    : select_build<kKeep, false>(lps, K, B, pool, cap3, scratch, rec_s, logw_s, fc_s, ns_s, misc);
+                    ? select_build<kKeep, true>(lps, K, B, pool, cap3, estimate, scratch, rec_s, logw_s, fc_s,
+                                                ns_s, misc)
+                    : select_build<kKeep, false>(lps, K, B, pool, cap3, false, scratch, rec_s, logw_s, fc_s, ns_s,
+                                                 misc);
             };
             if (cap > cap3) selected = attempt(std::true_type{}, cap);
             if (!selected) selected = attempt(std::false_type{}, cap3);
