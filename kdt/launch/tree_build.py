@@ -105,10 +105,12 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     if groups == 0:
         return LaunchPlan("tree-build", "empty", (), knobs=knobs)
     layout = smem_layout(depth, fanout, budget, target, knobs)
-    if layout.staged < min(fanout, budget + 1) and layout.pool:
+    readable = min(fanout, budget + 1)           # ranks up to B are the most a build can read
+    partial = layout.staged < readable          # ranks past Vs from global memory (the kernel's kPartialLp)
+    if partial and layout.pool:
         name, path = (f"{PREFIX}p{layout.slots_per_lane}_g_select",
                       "select where every log-prob <= 0, else serial; ranks past Vs from global memory")
-    elif layout.staged < min(fanout, budget + 1):    # ranks up to B are the most a build can read
+    elif partial:
         name, path = f"{PREFIX}p{layout.slots_per_lane}_g", "serial, ranks past Vs from global memory"
     elif layout.pool:
         name, path = f"{PREFIX}p{layout.slots_per_lane}_select", "select where every log-prob <= 0, else serial"
@@ -117,8 +119,7 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     estimate_min = knobs.select_estimate_min_budget
     if estimate_min is None:
         estimate_min = target.constant(PREFIX + "select_estimate_min_budget")
-    readable = min(fanout, budget + 1)
-    wide = layout.staged < readable or readable > target.constant(PREFIX + "select_narrow_fanout")
+    wide = partial or readable > target.constant(PREFIX + "select_narrow_fanout")   # the kernel's wide kind
     estimate = bool(layout.pool) and wide and budget >= estimate_min    # the narrow kind has no estimate
     launch = KernelLaunch(name, (groups, 1, 1), target.constant(PREFIX + "threads"),
                           ("top_logp", "top_ids", np.int32(depth), np.int32(fanout), np.int32(budget),
