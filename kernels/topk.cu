@@ -17,7 +17,8 @@
 //                                      (topk/resident.cuh): a block's whole chunk in shared memory by bulk copies.
 //   kdt_topk_gate_{f32,bf16}           gate path, 32 < V <= 1024, 16-byte aligned rows (topk/gate.cuh): one read
 //                                      of the row by free-running warps, the candidates above a gate kept in
-//                                      shared memory and pruned by radix select when full.
+//                                      shared memory and pruned by radix select when full (bf16 on sm_90 /
+//                                      sm_100: the gate from the whole row's vector maxima, topk/gate_maxima.cuh).
 //   kdt_topk_gate_split_{f32,bf16}     the same with S blocks per row where the rows leave SMs idle; the row's
 //                                      last block to finish merges the splits' V best through the workspace.
 //   kdt_topk_general_{f32,bf16}        general path, any V <= 1024 (topk/radix.cuh): exact radix select.
@@ -34,7 +35,8 @@
 //             16-byte vectors per thread, vocab a multiple of 16 bytes; wide up to 7 rows, narrow beyond.
 //   gate:     grid R, 1024 threads, 8.7 KB static smem + dynamic 8 * capacity bytes, capacity =
 //             max(kdt_topk_gate_room_per_v * V, kdt_topk_gate_min_room) (V = 1024: 32 KB), + for f32 the
-//             cp.async ring, kdt_topk_gate_f32_ring_bytes (128 KB on sm_90 / sm_100, 0 on sm_120).
+//             cp.async ring, kdt_topk_gate_f32_ring_bytes (128 KB on sm_90 / sm_100, 0 on sm_120), for bf16 the
+//             vector maxima, kdt_topk_gate_bf16_maxima_bytes (64 KB on sm_90 / sm_100, 0 on sm_120).
 //   gate split: grid R*S (block b -> row b / S, split b % S), as gate with 8.9 KB static smem;
 //             1 < S <= kdt_topk_gate_max_splits (32), S * V <= capacity. Workspace: u32 counter[R] |
 //             uint4 record[R][S][2] | u64 entries[R][S][V], each part from a 256-byte boundary; counters left 0.
@@ -42,7 +44,8 @@
 //
 // Memory traffic: the logits once (small, cluster, resident) + R*V*8 bytes of outputs (+ the small path's
 // partials, S*R*(8 + 8*VT)*2 bytes); the gate path reads a row once (+ split rows' partials, R*S*(32 + 8*V)*2
-// bytes); the general path 2 + (refining passes) times, mostly from L2.
+// bytes; + the one-block bf16 kernel's second read of the vectors that reach its gate, ~5% at V = 1024 of vocab
+// 163840, mostly from L2); the general path 2 + (refining passes) times, mostly from L2.
 //
 // Design, proofs (ordering, bounds, error budget), SASS figures and timings: plans/kernels/topk.md.
 
@@ -63,6 +66,7 @@ extern "C" __constant__ int kdt_topk_gate_threads = topk::GATE_THREADS;
 extern "C" __constant__ int kdt_topk_gate_room_per_v = topk::GATE_ROOM_PER_V;
 extern "C" __constant__ int kdt_topk_gate_min_room = topk::GATE_MIN_ROOM;
 extern "C" __constant__ int kdt_topk_gate_f32_ring_bytes = topk::GATE_F32_RING_BYTES;
+extern "C" __constant__ int kdt_topk_gate_bf16_maxima_bytes = topk::GATE_BF16_MAXIMA_BYTES;
 extern "C" __constant__ int kdt_topk_gate_max_splits = topk::GATE_MAX_SPLITS;
 extern "C" __constant__ int kdt_topk_max_v = topk::MAX_V;
 extern "C" __constant__ int kdt_topk_max_vocab = topk::MAX_VOCAB;

@@ -105,6 +105,14 @@ def test_topk_paths_by_rows_and_fan_out(targets):
     # f32 rows stream through a two-step ring of 1,024 x 4 vectors after the buffer; bf16 and sm_120 load registers
     assert _topk(h200, 15, 163840, 64).launches[0].dynamic_smem == 8 * 2048 + 2 * 4 * 1024 * 16
     assert _topk(h200, 15, 163840, 1024, "bfloat16").launches[0].dynamic_smem == 8 * 4096
+    # the one-block bf16 kernel keeps a bf16 maximum of each of up to 32 vectors a thread after the buffer, and takes
+    # its gate from them; sm_120's 99 KB cannot hold them (its gate opens at the first step, as f32's everywhere)
+    one_block = _topk(h200, 8 * 15, 163840, 1024, "bfloat16")
+    assert one_block.path == "gate" and one_block.launches[0].dynamic_smem == 8 * 4096 + 32 * 1024 * 2
+    assert one_block.fact("gate from") == "the row's vector maxima"
+    assert _topk(h200, 8 * 15, 163840, 64).fact("gate from") == "the first step's vector maxima"
+    assert _topk(targets("topk", "sm_120"), 8 * 15, 163840, 1024, "bfloat16").fact("gate from") == \
+        "the first step's vector maxima"
     assert _topk(targets("topk", "sm_120"), 15, 163840, 64).launches[0].dynamic_smem == 8 * 2048
     assert _topk(h200, 15, 163840, 64, gate=False).path == "radix"
     assert _topk(h200, 15, 163841, 64).path == "radix"             # rows not a whole number of vectors

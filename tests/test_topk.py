@@ -141,6 +141,19 @@ def test_kernel_split_rows_on_adversarial_rows(bf16, k, merge):
     _case_passes(case, "cluster" if merge == "cluster" else "small", knobs)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("k", [64, 1024])
+def test_kernel_gate_one_block_on_adversarial_rows(bf16, k):
+    """The gate path with one block per row (the split switched off): f32 opens its gate at the first step's vector
+    maxima and raises it by prunes; bf16 (sm_90) takes it from the whole row's maxima after the scan, by the
+    histogram of the bf16 values below the largest or, for the masked row (its maxima -inf but three), by the
+    radix select."""
+    logits = long_rows(163840, seed=k + 200)
+    case = stage._case(f"gate_rows_k{k}", "one block per row", k, k, to_bf16(logits) if bf16 else logits)
+    _case_passes(case, "gate", {"gate_min_chunk": 1 << 18})
+
+
 @pytest.fixture(params=["wide", "narrow"])
 def resident_shape(request):
     """Each resident test on both shapes of the resident variant: the row threshold moved so that the shape under

@@ -12,7 +12,9 @@ Paths (the kernel's header and plans/kernels/topk.md say how each works):
   gate      V > 32, rows 16-byte aligned and vocab a whole number of vectors: `kdt_topk_gate_{f32,bf16}`, one
             1024-thread block per row reads it once, keeping the candidates above a gate in shared memory (the
             buffer's entries in dynamic shared memory, 8 bytes each) and pruning them by radix select; f32 rows
-            stream through a cp.async ring after the buffer (kdt_topk_gate_f32_ring_bytes, 0 on sm_120).
+            stream through a cp.async ring after the buffer (kdt_topk_gate_f32_ring_bytes, 0 on sm_120); the one-block
+            bf16 kernel keeps every vector's maximum there and takes its gate from them after the scan
+            (kdt_topk_gate_bf16_maxima_bytes; 0 on sm_120, where the gate opens at the first step).
   gate-split the gate path's rows where they leave SMs idle: `kdt_topk_gate_split_{f32,bf16}`, S blocks per row
             (`gate_splits`), whose V best the row's last block merges through the workspace.
   radix     the other rows with V > 32: `kdt_topk_general_{f32,bf16}`, one 1024-thread block per row, exact radix
@@ -134,10 +136,13 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
             ring = target.constant("kdt_topk_gate_f32_ring_bytes") if sfx == "f32" else 0   # bf16: registers
             threads = target.constant("kdt_topk_gate_threads")
             if S == 1:
+                maxima = target.constant("kdt_topk_gate_bf16_maxima_bytes") if sfx == "bf16" else 0
                 launch = KernelLaunch(f"kdt_topk_gate_{sfx}", (rows, 1, 1), threads,
-                                      (*tensors, np.int32(vocab), np.int32(V), np.int32(capacity)), capacity * 8 + ring)
-                return LaunchPlan("topk", "gate", (launch,), facts=(("buffer entries", capacity), ("splits", 1)),
-                                  knobs=knobs)
+                                      (*tensors, np.int32(vocab), np.int32(V), np.int32(capacity)),
+                                      capacity * 8 + ring + maxima)
+                facts = (("buffer entries", capacity), ("splits", 1),
+                         ("gate from", "the row's vector maxima" if maxima else "the first step's vector maxima"))
+                return LaunchPlan("topk", "gate", (launch,), facts=facts, knobs=knobs)
             workspace = _align256(rows * 4) + _align256(rows * S * 32) + rows * S * V * 8
             launch = KernelLaunch(f"kdt_topk_gate_split_{sfx}", (rows * S, 1, 1), threads,
                                   (*tensors, Workspace(), np.int32(vocab), np.int32(V), np.int32(capacity),

@@ -105,6 +105,16 @@ constexpr int GATE_F32_STAGES = 0;
 constexpr int GATE_F32_STAGES = 2;
 #endif
 constexpr int GATE_F32_RING_BYTES = GATE_F32_STAGES * GATE_U * GEN_THREADS * VEC_BYTES;
+// GATE_BF16_MAXIMA_BYTES: the one-block bf16 gate kernel's vector maxima (dynamic shared memory after the buffer,
+// one bf16 a vector, up to 32 a thread; topk/gate_maxima.cuh): the scan keeps every vector's maximum and the gate
+// comes from the V-th best of them all, after the scan; then only the vectors that reach it are read again and
+// tested. 0: the gate opens at the first step and rises by prunes as the row is read (sm_120's 99 KB cannot hold the
+// 64 KB next to the buffer).
+#if defined(KDT_SMEM_99KB)
+constexpr int GATE_BF16_MAXIMA_BYTES = 0;
+#else
+constexpr int GATE_BF16_MAXIMA_BYTES = (MAX_VOCAB / 8 / GEN_THREADS) * GEN_THREADS * 2;
+#endif
 constexpr int GATE_ROOM_PER_V = 4;            // the buffer: GATE_ROOM_PER_V * V entries, at least GATE_MIN_ROOM
 constexpr int GATE_MIN_ROOM = 2048;
 constexpr int GATE_RANK_BIN = 64;             // the final rank within bins, up to this many a bin

@@ -2,7 +2,9 @@
 // reads the row once, in 16-byte vectors (f32 rows through a cp.async ring on the 227 KB parts), and keeps in a
 // shared buffer every element whose composite reaches the gate, a lower bound of the row's V-th best composite
 // (opened at the first step's V-th best vector maximum; bf16 vectors tested by packed compares, a part's vectors
-// appended with one reservation except in the one-block f32 kernel). The warps stream without block barriers: a warp
+// appended with one reservation except in the one-block f32 kernel). The one-block bf16 kernel on the 227 KB parts
+// instead keeps every vector's maximum and takes the gate from the V-th best of them after the scan, then reads the
+// vectors that reach it again (topk/gate_maxima.cuh). The warps stream without block barriers: a warp
 // whose append passes a mark (or finds the buffer full) raises a flag, every warp meets the others at the end of its
 // half step (a split's: its step; at once, if the buffer is full or it has finished), and the block prunes the
 // buffer by radix select, which raises the gate. The meeting's barriers are the divergent kind (warps reach them
@@ -22,6 +24,7 @@
 #include "common/ptx.cuh"
 #include "topk/config.cuh"
 #include "topk/elements.cuh"
+#include "topk/gate_maxima.cuh"
 #include "topk/keys.cuh"
 #include "topk/radix.cuh"
 #include "topk/softmax.cuh"
@@ -176,22 +179,28 @@ __device__ __noinline__ unsigned long long gate_rendezvous(unsigned long long* b
 // The warp's largest key so far (the rendezvous' upper bound of the buffer).
 __device__ __forceinline__ uint32_t warp_hi_key(float m) { return __reduce_max_sync(FULL, f2key(m)); }
 
-// The pass bits of H vectors of a lane, 32 vectors apart in the row (vector u's ids id0 + u * 32 * W + e, bit
-// u * W + e), against the gate.
-template <typename E, int H>
-__device__ __forceinline__ uint32_t gate_masks(const typename E::Vec (&v)[H], const BlockGate& g, uint32_t id0) {
+// The ids of a lane's vectors 32 apart in the row (a step's): element e of vector u is id0 + u * 32 * W + e.
+template <int W>
+struct StridedIds {
+    uint32_t id0;
+    __device__ __forceinline__ uint32_t operator()(int u) const { return id0 + (uint32_t)(u * 32 * W); }
+};
+
+// The pass bits of H vectors of a lane (bit u * W + e: element e of vector u, id id_of(u) + e) against the gate.
+template <typename E, int H, class IdOf>
+__device__ __forceinline__ uint32_t gate_masks(const typename E::Vec (&v)[H], const BlockGate& g, const IdOf& id_of) {
     uint32_t pass = 0u;
 #pragma unroll
-    for (int u = 0; u < H; ++u) pass |= gate_mask(v[u], g, id0 + (uint32_t)(u * 32 * E::W)) << (u * E::W);
+    for (int u = 0; u < H; ++u) pass |= gate_mask(v[u], g, id_of(u)) << (u * E::W);
     return pass;
 }
 
-// Appends the elements of H vectors (a lane's, 32 vectors apart: bit u * W + e is element e of vector u, id
-// id0 + u * 32 * W + e) whose bits are set in `pass` to the buffer, one shared atomic per lane with candidates
-// (they are few: a scan over the warp would cost more). Past `mark` the warp asks for a prune (the warps meet at
-// their next look); when the buffer is full, it meets them now and re-tests what is left against the raised gate.
-template <typename E, int H>
-__device__ __forceinline__ void gate_append(const typename E::Vec (&v)[H], uint32_t id0, uint32_t pass,
+// Appends the elements of H vectors of a lane (bit u * W + e is element e of vector u, id id_of(u) + e) whose bits
+// are set in `pass` to the buffer, one shared atomic per lane with candidates (they are few: a scan over the warp
+// would cost more). Past `mark` the warp asks for a prune (the warps meet at their next look); when the buffer is
+// full, it meets them now and re-tests what is left against the raised gate.
+template <typename E, int H, class IdOf>
+__device__ __forceinline__ void gate_append(const typename E::Vec (&v)[H], const IdOf& id_of, uint32_t pass,
                                             BlockGate& g, unsigned long long* buf, int capacity, uint32_t mark,
                                             int V, GateShared& sh, float m) {
     constexpr int W = E::W;
@@ -203,14 +212,14 @@ __device__ __forceinline__ void gate_append(const typename E::Vec (&v)[H], uint3
         while (pass != 0u && slot < (uint32_t)capacity) {
             const int b = __ffs(pass) - 1;
             pass &= pass - 1u;
-            const uint32_t id = id0 + (uint32_t)(H == 1 ? b : (b / W) * 32 * W + b % W);
+            const uint32_t id = H == 1 ? id_of(0) + (uint32_t)b : id_of(b / W) + (uint32_t)(b % W);
             buf[slot++] = comp(E::at(v, b), (int)id);
         }
         if (__any_sync(FULL, past_mark) && (threadIdx.x & 31) == 0) atomicOr(&sh.prune, 1u);
         if (__any_sync(FULL, pass != 0u)) {   // the buffer is full
             bool finished;
             g.set(gate_rendezvous(buf, capacity, V, sh, warp_hi_key(m), finished));
-            pass &= gate_masks<E>(v, g, id0);
+            pass &= gate_masks<E>(v, g, id_of);
         }
     }
 }
@@ -456,9 +465,13 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
     // tested: the one-block f32 kernel, where at V = 64 most vectors are cold and the joint append measured slower
     // (plans/kernels/topk.md, "The bf16 test by packed compares")
     constexpr bool APPEND_PARTS = SPLIT || !std::is_same<Tin, float>::value;
+    // the one-block bf16 kernel on the 227 KB parts: the gate from every vector's maximum, after the scan
+    // (topk/gate_maxima.cuh; a split's block keeps the first step's gate: G1 K15 V1024 measured 1.09x slower with it)
+    constexpr bool MAXIMA = !SPLIT && !std::is_same<Tin, float>::value && GATE_BF16_MAXIMA_BYTES > 0;
     static_assert(U % PARTS == 0, "parts of a step");
 
-    extern __shared__ unsigned long long buf[];   // [capacity], then the ring: [STAGES][U][T] vectors
+    // [capacity], then the f32 ring ([STAGES][U][T] vectors) or the bf16 maxima ([steps * U][T] bf16)
+    extern __shared__ unsigned long long buf[];
     __shared__ GateShared sh;
 
     if (V < 1 || V > MAX_V || V > vocab || vocab > MAX_VOCAB || vocab % W || capacity != gate_capacity(V) ||
@@ -507,6 +520,8 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
         kdt::cp_async_commit();
     };
 
+    uint16_t* const maxima = reinterpret_cast<uint16_t*>(buf + capacity) + tid;   // MAXIMA
+
     Softmax sm;
     BlockGate g;
     for (int first = 0, st = 0; first < vectors; first += T * U, ++st) {
@@ -532,7 +547,7 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
         }
         // The first step opens the gate at the V-th best of its vector maxima (V vectors hold an element at
         // least as good), so that it appends about V elements, not all of them.
-        if (first == 0 && min(vectors, T * U) >= V) g.set(gate_from_maxima<E>(v, valid, V, sh));
+        if (!MAXIMA && first == 0 && min(vectors, T * U) >= V) g.set(gate_from_maxima<E>(v, valid, V, sh));
         // the step in parts (the one-block kernel: halves), each followed by a look at the prune flag: a warp that
         // asked waits for the others to reach a meeting, half a step at most (plans/kernels/topk.md, "Meetings
         // within a step"); a split's block keeps whole steps (its rows are short: one or two steps)
@@ -546,7 +561,10 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
                 vh[u] = v[part * H + u];
                 validh[u] = valid[part * H + u];
             }
-            if constexpr (APPEND_PARTS) {
+            if constexpr (MAXIMA) {
+                scan_group_maxima<H>(vh, sm, maxima, st * U + part * H);
+                continue;                 // nothing appended: no prune to meet for
+            } else if constexpr (APPEND_PARTS) {
                 // the part's candidates are tested vector by vector and appended together (one reservation)
                 const uint32_t id0 =
                     (uint32_t)col0 + (uint32_t)(first + warp_first + part * H * 32 + lane) * (uint32_t)W;
@@ -554,13 +572,14 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
                 scan_group<E>(vh, validh, sm, g, [&](int u, bool hot) {
                     pass |= gate_mask(vh[u], g, id0 + (uint32_t)(u * 32 * W), hot) << (u * W);
                 });
-                gate_append<E>(vh, id0, pass, g, buf, capacity, mark, V, sh, sm.m);
+                gate_append<E>(vh, StridedIds<W>{id0}, pass, g, buf, capacity, mark, V, sh, sm.m);
             } else {
                 scan_group<E>(vh, validh, sm, g, [&](int u, bool hot) {
                     const Vec one[1] = {vh[u]};
                     const uint32_t id =
                         (uint32_t)col0 + (uint32_t)(first + warp_first + (part * H + u) * 32 + lane) * (uint32_t)W;
-                    gate_append<E>(one, id, gate_mask(vh[u], g, id, hot), g, buf, capacity, mark, V, sh, sm.m);
+                    gate_append<E>(one, StridedIds<W>{id}, gate_mask(vh[u], g, id, hot), g, buf, capacity, mark, V,
+                                   sh, sm.m);
                 });
             }
             // another warp asked for a prune: meet it. A plain read: a request it misses only waits for the next
@@ -572,6 +591,25 @@ __device__ __forceinline__ void gate_impl(const Tin* __restrict__ logits, int* _
         }
     }
     if constexpr (STAGES > 0) kdt::cp_async_wait<0>();   // the empty groups past the end
+    if constexpr (MAXIMA) {
+        // the gate from the V-th best maximum, then the vectors that reach it read again and appended (no prune on
+        // rows of real logits; a full buffer meets the others as in the scan)
+        __syncthreads();
+        if (vectors >= V) {
+            g.set(gate_from_row_maxima(maxima, warp_first, lane, vectors, steps, V, sh.hist, sh.warp_sum, sh.digit,
+                                       sh.above));
+            if (tid == 0) sh.gate = g.cc;   // read only after a later barrier (a meeting's)
+        }
+        gather_hot(rp, maxima, warp_first, lane, vectors, steps, g.gf,
+                   [&](const Vec (&v)[U], const int (&index)[U], const bool (&mine)[U]) {
+                       // one reservation for the round's vectors
+                       auto id_of = [&](int u) { return (uint32_t)col0 + (uint32_t)index[u] * (uint32_t)W; };
+                       uint32_t pass = 0u;
+#pragma unroll
+                       for (int u = 0; u < U; ++u) pass |= (mine[u] ? gate_mask(v[u], g, id_of(u)) : 0u) << (u * W);
+                       gate_append<E>(v, id_of, pass, g, buf, capacity, mark, V, sh, sm.m);
+                   });
+    }
     // past the last step: meet the others until none asks for a prune (a meeting without a request has every
     // warp here: a warp still scanning comes only when asked)
     for (;;) {
