@@ -3,6 +3,7 @@ matching, the roofline bound of every shape, and the named shape sets (--set).""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -220,7 +221,102 @@ def test_against_a_build_these_launchers_cannot_drive_is_refused(other_builds, m
     done = subprocess.run([sys.executable, "-m", "kdt", "bench", "tree-accept", "--arch", "sm_90", "--against",
                            str(other_builds["older"])], capture_output=True, text=True, cwd=root, env=env, timeout=600)
     assert done.returncode == 3, done.stdout + done.stderr
-    assert "tree_accept_from_predict" in done.stderr and "two separate kdt bench runs" in done.stderr
+    assert "tree_accept_from_predict" in done.stderr and "add --whole-trees" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_whole_trees_runs_a_revision_or_a_checkout(tmp_path):
+    from kdt import tree_compare
+
+    repository = paths.PACKAGE.parent
+    head = tree_compare.tree_of("HEAD", repository, tmp_path / "head")
+    assert (head / "kdt" / "__main__.py").is_file() and (head / "kernels" / "topk.cu").is_file()
+    assert tree_compare.tree_of(str(repository), repository, tmp_path / "x") == repository.resolve()
+    (tmp_path / "sources").mkdir()
+    (tmp_path / "sources" / "topk.cu").write_text("")
+    for bad in ("no-such-revision-0123", str(tmp_path / "sources")):   # a directory of sources has no kdt to run
+        with pytest.raises(BadInput, match="--against"):
+            tree_compare.tree_of(bad, repository, tmp_path / "z")
+
+
+def test_whole_trees_pass_both_trees_the_same_bench_arguments():
+    from kdt import tree_compare
+
+    assert tree_compare.bench_arguments(["topk"], None, False, None, [], None, [], None, False) == \
+        ["-m", "kdt", "bench", "topk", "--no-baselines", "--format", "json"]
+    line = tree_compare.bench_arguments(["topk", "tree-build"], "wide", True, "G8*", ["gate=true", "gate_min_chunk=64"],
+                                        "resident=true,false", ["sm_90a", "sm_120-emu"], 70, True)
+    assert line[:5] == ["-m", "kdt", "bench", "topk", "tree-build"]
+    pairs = list(zip(line[8::2], line[9::2]))
+    assert ("--set", "wide") in pairs and ("--shape", "G8*") in pairs and ("--sweep", "resident=true,false") in pairs
+    assert line.count("--knob") == 2 and line.count("--arch") == 2 and "70" in line
+    assert line[-2:] == ["--quick", "--no-graph"]
+
+
+def _document(rows):
+    return {"results": [{"kernel": "topk", "shape": shape, "arch": "sm_90a", "knobs": {}, "graph": {"median_us": us},
+                         "headline_us": us, "path": path} for shape, us, path in rows]}
+
+
+class _FakeTrees:
+    """subprocess.run for two trees: each call returns the next document of the tree its cwd names."""
+
+    def __init__(self, other, ours, theirs):
+        self.other, self.documents, self.calls = other, {None: list(ours), str(other): list(theirs)}, []
+
+    def __call__(self, argv, cwd=None, env=None, **_):
+        self.calls.append((cwd, env.get("PYTHONPATH", "").split(os.pathsep)[0] if cwd else None))
+        return subprocess.CompletedProcess(argv, 0, json.dumps(self.documents[cwd].pop(0)), "")
+
+
+def test_whole_trees_alternate_rounds_and_compare_per_shape(tmp_path):
+    from kdt import tree_compare
+
+    other = tmp_path / "other"
+    ours = [_document([("a", 10.0, "gate"), ("b", 20.0, "gate"), ("new", 1.0, "gate")]) for _ in range(3)]
+    theirs = [_document([("a", us, "gate"), ("b", 10.0, "radix"), ("old", 1.0, "gate")]) for us in (20.0, 12.5, 8.0)]
+    fake = _FakeTrees(other, ours, theirs)
+    got_ours, got_theirs = tree_compare.rounds(other, ["-m", "kdt", "bench", "topk"], runner=fake)
+    # ours first in even rounds; the other tree runs in its own directory with itself first on PYTHONPATH
+    assert fake.calls == [(None, None), (str(other), str(other)), (str(other), str(other)), (None, None),
+                          (None, None), (str(other), str(other))]
+    rows, lonely = tree_compare.compare(got_ours, got_theirs)
+    assert [(row.shape, row.path) for row in rows] == [("a", "gate"), ("b", "gate / radix")]
+    assert rows[0].ratios == [0.5, 0.8, 1.25] and rows[0].ratio == 0.8   # the median round, not the mean
+    assert rows[1].ratio == 2.0 and rows[1].mode == "graph"
+    assert lonely == ["topk new", "topk old"]
+
+
+def test_whole_trees_stop_on_a_tree_that_cannot_run_or_refuses():
+    from kdt import tree_compare
+    from kdt.console import KdtExit
+
+    def said(code, stdout=""):
+        return lambda argv, **_: subprocess.CompletedProcess(argv, code, stdout, "first\nerror: --knob: no knob x")
+
+    with pytest.raises(BadInput, match="--against.*refused them: .*no knob x"):
+        tree_compare.run_tree(None, [], runner=said(3))
+    with pytest.raises(KdtExit) as stopped:
+        tree_compare.run_tree(None, [], runner=said(2))
+    assert stopped.value.code == 2 and "exit 2" in str(stopped.value)
+    with pytest.raises(KdtExit, match="no JSON"):
+        tree_compare.run_tree(None, [], runner=said(0, "not json"))
+
+
+def test_whole_trees_on_the_command_line(root):
+    """Without --against it is bad input; on a machine without a GPU this tree's run stops the comparison (exit 2,
+    its reason, no traceback)."""
+    env = {**os.environ, "COLUMNS": "200"}
+    alone = subprocess.run([sys.executable, "-m", "kdt", "bench", "topk", "--whole-trees"], capture_output=True,
+                           text=True, cwd=root, env=env, timeout=120)
+    assert alone.returncode == 3 and "--whole-trees" in alone.stderr and "Traceback" not in alone.stderr
+    from tests.conftest import GPU_SKIP_REASON
+
+    if GPU_SKIP_REASON is None:   # a GPU: the comparison would run; the no-GPU stop is what this part checks
+        return
+    done = subprocess.run([sys.executable, "-m", "kdt", "bench", "topk", "--quick", "--against", "HEAD",
+                           "--whole-trees"], capture_output=True, text=True, cwd=root, env=env, timeout=300)
+    assert done.returncode == 2 and "kdt bench in this tree stopped (exit 2)" in done.stderr
     assert "Traceback" not in done.stderr
 
 

@@ -1,7 +1,8 @@
 """`kdt bench`: time kernels the way engines run them, against the machine's measured peaks and the baselines;
 `--sweep KNOB=a,b,c` times every shape at each value of a launch knob, `--arch A --arch B` on each arch (e.g. the
 sm_90a build and the sm_120 configuration emulated on the same H200), side by side in one run; `--against REV` times
-another revision's kernels (or a directory of sources) against these, interleaved on the same inputs; `--set NAME`
+another revision's kernels (or a directory of sources) against these, interleaved on the same inputs (with
+`--whole-trees`: the other revision's own kdt, in processes alternating with this tree's); `--set NAME`
 runs another of a stage's named sets of shapes (verify-attn's tp8: the deployment's own). Every shape is set against
 the roofline of its byte and flop model: "bound us" = max(bytes / copy, flops / matmul) at the measured peaks,
 "% of bound" = bound / measured time (100 = at the roofline)."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 from pathlib import Path
 from typing import Optional
 
@@ -46,12 +48,24 @@ def command(kernels: list[str] = StagesArg,
                                                   help="time the kernels of this git revision (or a directory of "
                                                        "sources) against these, interleaved; --max-regression "
                                                        "applies to the ratio"),
+            whole_trees: bool = typer.Option(False, "--whole-trees",
+                                             help="with --against: time the other revision with its own kdt (its "
+                                                  "launchers, knobs and constants) in processes alternating with "
+                                                  "this tree's, for builds these launchers cannot drive"),
             output: OutputFormat = FormatOption):
     """Time kernels (CUDA events, graph mode, rotated inputs) against the machine's measured peaks."""
     from kdt import bench, build, paths, peaks, report, runtime, stages
     from kdt.spec import DEFAULT_BENCH_SET
 
     specs = stages.select(kernels)
+    if whole_trees and against is None:
+        raise BadInput("--whole-trees", "with --against REV|DIR", "no --against")
+    if whole_trees:
+        if baseline is not None or plot_file is not None:
+            raise BadInput("--against", "no --baseline or --plot with it (it compares two builds in one run)",
+                           "both given")
+        raise typer.Exit(_against_trees(specs, against, shape_set, quick, shape, knob or [], sweep, arch or [], sms,
+                                        no_graph, max_regression, json_file, output))
     shape_set = shape_set or DEFAULT_BENCH_SET
     chosen_shapes = shapes_to_run(specs, shape_set, quick, shape)
     fixed = knobs_for(specs, knob)
@@ -199,9 +213,56 @@ def _refuse_undrivable(spec, theirs: Path, against: str, shapes: list, knobs: di
         found = limits.mismatches(other, plans)
         if found:
             raise BadInput("--against", "kernels whose entry points take the arguments this tree's launchers pass "
-                                        "(these launchers cannot drive that build: compare the two trees with two "
-                                        "separate kdt bench runs instead)",
+                                        "(these launchers cannot drive that build: add --whole-trees to time it "
+                                        "with its own kdt, in processes alternating with this tree's)",
                            f"{against} ({target_arch}): " + "; ".join(map(_mismatch, found)))
+
+
+def _against_trees(specs, against: str, shape_set: Optional[str], quick: bool, shape: Optional[str], knob: list[str],
+                   sweep: Optional[str], arch: list[str], sms: Optional[int], no_graph: bool, max_regression: float,
+                   json_file: Optional[Path], output: OutputFormat) -> int:
+    """kdt bench --against REV --whole-trees: each tree's own kdt bench, in alternating processes (kdt.tree_compare)."""
+    import dataclasses
+    import tempfile
+
+    from kdt import paths, report, tree_compare
+
+    out = Report("bench", output)
+    arguments = tree_compare.bench_arguments([spec.name for spec in specs], shape_set, quick, shape, knob, sweep,
+                                             arch, sms, no_graph)
+    with tempfile.TemporaryDirectory(prefix="kdt-against-") as scratch:
+        other = tree_compare.tree_of(against, paths.PACKAGE.parent, Path(scratch))
+        out.say(escape(f"this tree against {against} ({other}), each with its own kdt bench, "
+                       f"{tree_compare.ROUNDS} rounds in alternating processes; ratio = ours / theirs, the median of "
+                       f"the rounds (their range)"))
+        ours, theirs = tree_compare.rounds(other, arguments, progress=lambda line: out.say(escape(line)))
+    rows, lonely = tree_compare.compare(ours, theirs)
+    knobbed = any(row.knobs for row in rows)
+    table = Sheet(f"kdt bench {' '.join(spec.name for spec in specs)}{set_label(shape_set)} --against {against} "
+                  f"--whole-trees", ("kernel", "shape", *(("arch",) if arch else ()), *(("knobs",) if knobbed else ()),
+                                     "path", "mode", "ours us", "theirs us", "ratio", "range", "verdict"),
+                  right=("ours us", "theirs us", "ratio", "range"))
+    slower = []
+    for row in rows:
+        late = row.ratio > 1 + max_regression / 100
+        slower += [row] if late else []
+        verdict = styled("slower", "red") if late else ("faster" if row.ratio < 1 - max_regression / 100 else "same")
+        table.add_row(row.kernel, row.shape, *((row.arch,) if arch else ()),
+                      *((" ".join(f"{k}={v}" for k, v in row.knobs.items()) or "-",) if knobbed else ()), row.path,
+                      row.mode, f"{statistics.median(row.ours_us):.2f}", f"{statistics.median(row.theirs_us):.2f}",
+                      f"{row.ratio:.3f}", f"{min(row.ratios):.3f}-{max(row.ratios):.3f}", verdict)
+    out.table(table)
+    for item in lonely:
+        out.say(f"[yellow]timed by one tree only[/]: {escape(item)}")
+    document = {"against": against, "whole_trees": True, "rounds": tree_compare.ROUNDS, "set": shape_set,
+                "max_regression_pct": max_regression, "only_one_tree": lonely,
+                "comparisons": [{**dataclasses.asdict(row), "ratio": row.ratio} for row in rows]}
+    if json_file:
+        report.write_atomically(json_file, json.dumps(document, indent=2))
+    out.say(f"{len(rows)} shapes, {len(slower)} slower than {against} by more than {max_regression:g}%")
+    out.document(document)
+    out.step_summary()
+    return EXIT_CHECK_FAILED if slower else EXIT_OK
 
 
 def _mismatch(v) -> str:
