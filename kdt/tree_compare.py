@@ -4,8 +4,9 @@ kernels) in separate processes that alternate with this tree's, round by round, 
 
 Each round runs `kdt bench ... --no-baselines --format json` once in each tree (the order alternates: ours first in
 even rounds), and a shape's ratio is the median over rounds of ours / theirs, each run already the median of its own
-timed launches. The child's exit codes carry over: 2 (this machine cannot run it) and 3 (a tree refuses the arguments,
-e.g. a knob the other revision lacks) stop the comparison with that tree's last words.
+timed launches. A tree that refuses the arguments (exit 3: e.g. a knob the other revision lacks) stops the comparison
+as bad input; one that cannot run (exit 2), fails otherwise or runs past CHILD_TIMEOUT_S stops it with exit 2. Either
+way with that tree's last words.
 """
 
 from __future__ import annotations
@@ -91,15 +92,17 @@ def run_tree(root: Optional[Path], arguments: Sequence[str], runner: Runner = su
     env = dict(os.environ)
     if root is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
-    done = runner([sys.executable, *arguments], cwd=str(root) if root is not None else None, env=env,
-                  capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
     which = "this tree" if root is None else f"the other tree ({root})"
+    try:
+        done = runner([sys.executable, *arguments], cwd=str(root) if root is not None else None, env=env,
+                      capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise KdtExit(EXIT_ENVIRONMENT, f"kdt bench in {which} did not finish in {CHILD_TIMEOUT_S} s") from None
     said = " ".join((done.stderr or "").strip().splitlines()[-3:])[-400:]
     if done.returncode == EXIT_BAD_INPUT:
         raise BadInput("--against", "arguments both trees' kdt bench take", f"{which} refused them: {said}")
     if done.returncode != 0:
-        raise KdtExit(EXIT_ENVIRONMENT if done.returncode == EXIT_ENVIRONMENT else done.returncode,
-                      f"kdt bench in {which} stopped (exit {done.returncode}): {said}")
+        raise KdtExit(EXIT_ENVIRONMENT, f"kdt bench in {which} stopped (exit {done.returncode}): {said}")
     try:
         return json.loads(done.stdout)
     except ValueError:

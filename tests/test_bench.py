@@ -299,8 +299,40 @@ def test_whole_trees_stop_on_a_tree_that_cannot_run_or_refuses():
     with pytest.raises(KdtExit) as stopped:
         tree_compare.run_tree(None, [], runner=said(2))
     assert stopped.value.code == 2 and "exit 2" in str(stopped.value)
+    with pytest.raises(KdtExit) as crashed:   # a traceback's exit 1 is not "a check failed"
+        tree_compare.run_tree(None, [], runner=said(1))
+    assert crashed.value.code == 2 and "exit 1" in str(crashed.value)
     with pytest.raises(KdtExit, match="no JSON"):
         tree_compare.run_tree(None, [], runner=said(0, "not json"))
+
+    def slow(argv, **_):
+        raise subprocess.TimeoutExpired(argv, tree_compare.CHILD_TIMEOUT_S)
+
+    with pytest.raises(KdtExit, match="did not finish"):
+        tree_compare.run_tree(None, [], runner=slow)
+
+
+def test_whole_trees_report_each_shape_and_fail_on_a_regression(monkeypatch, tmp_path):
+    """The command's table and JSON document from two trees' rounds (stand-ins for the processes): ours / theirs per
+    shape, the range of the rounds, a shape only one tree timed named, exit 1 where a ratio passes --max-regression."""
+    from typer.testing import CliRunner
+
+    from kdt import tree_compare
+    from kdt.cli import app
+
+    ours = [_document([("a", 10.0, "gate"), ("b", 30.0, "gate")]) for _ in range(3)]
+    theirs = [_document([("a", 20.0, "gate"), ("b", 20.0, "gate"), ("gone", 1.0, "gate")]) for _ in range(3)]
+    monkeypatch.setattr(tree_compare, "rounds", lambda other, arguments, **_: (ours, theirs))
+    written = tmp_path / "against.json"
+    done = CliRunner().invoke(app, ["bench", "topk", "--against", "HEAD", "--whole-trees", "--json", str(written),
+                                    "--max-regression", "20"])
+    assert done.exit_code == 1, done.output
+    document = json.loads(written.read_text())
+    assert document["whole_trees"] and document["only_one_tree"] == ["topk gone"]
+    assert [(c["shape"], c["ratio"]) for c in document["comparisons"]] == [("a", 0.5), ("b", 1.5)]
+    assert "0.500" in done.output and "1.500" in done.output and "slower" in done.output
+    within = CliRunner().invoke(app, ["bench", "topk", "--against", "HEAD", "--whole-trees", "--max-regression", "60"])
+    assert within.exit_code == 0, within.output
 
 
 def test_whole_trees_on_the_command_line(root):
