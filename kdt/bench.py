@@ -308,10 +308,10 @@ def _compare_shape(spec, shape, against, label, graph, knobs, rounds) -> Compari
 def sources_of(revision: str, repository: "Path", into: "Path") -> "Path":
     """The kernel sources to compare with: a directory (its kernels/ folder, or itself), or a git revision of
     `repository` exported into `into` (git archive REV kernels). BadInput naming --against otherwise."""
-    import subprocess
     from pathlib import Path
 
     from kdt.refs.errors import BadInput
+    from kdt.tree_compare import export_revision
 
     given = Path(revision)
     if given.is_dir():
@@ -319,19 +319,8 @@ def sources_of(revision: str, repository: "Path", into: "Path") -> "Path":
         if not any(found.glob("*.cu")):
             raise BadInput("--against", "a git revision, or a directory of kernel sources (*.cu)", revision)
         return found
-    try:
-        archive = subprocess.run(["git", "-C", str(repository), "archive", revision, "kernels"], capture_output=True,
-                                 timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise BadInput("--against", "a git revision of this checkout (git must run)", f"{revision} ({error})") from None
-    if archive.returncode != 0:
-        raise BadInput("--against", f"a git revision of {repository} that has kernels/, or a directory of sources",
-                       f"{revision} ({archive.stderr.decode(errors='replace').strip()[:200]})")
-    import io
-    import tarfile
-
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(into, filter="data")
+    export_revision(repository, revision, into, "kernels",
+                    expected=f"a git revision of {repository} that has kernels/, or a directory of sources")
     return into / "kernels"
 
 

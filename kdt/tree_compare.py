@@ -49,6 +49,20 @@ class TreeComparison:
         return statistics.median(self.ratios)
 
 
+def export_revision(repository: Path, revision: str, into: Path, *members: str, expected: str) -> None:
+    """`git archive REV [members]` of `repository`, extracted into `into`. BadInput naming --against where git cannot
+    run or the revision is not there (`expected`: what the argument should have named)."""
+    try:
+        archive = subprocess.run(["git", "-C", str(repository), "archive", revision, *members], capture_output=True,
+                                 timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise BadInput("--against", "a git revision of this checkout (git must run)", f"{revision} ({error})") from None
+    if archive.returncode != 0:
+        raise BadInput("--against", expected, f"{revision} ({archive.stderr.decode(errors='replace').strip()[:200]})")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(into, filter="data")
+
+
 def tree_of(revision: str, repository: Path, into: Path) -> Path:
     """The source tree to run: a directory holding kdt/ and kernels/, or `git archive REV` of `repository` extracted
     into `into`. BadInput naming --against otherwise."""
@@ -58,15 +72,7 @@ def tree_of(revision: str, repository: Path, into: Path) -> Path:
             raise BadInput("--against", "with --whole-trees, a git revision or a checkout (kdt/ and kernels/)",
                            revision)
         return given.resolve()
-    try:
-        archive = subprocess.run(["git", "-C", str(repository), "archive", revision], capture_output=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise BadInput("--against", "a git revision of this checkout (git must run)", f"{revision} ({error})") from None
-    if archive.returncode != 0:
-        raise BadInput("--against", f"a git revision of {repository}",
-                       f"{revision} ({archive.stderr.decode(errors='replace').strip()[:200]})")
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(into, filter="data")
+    export_revision(repository, revision, into, expected=f"a git revision of {repository}")
     if not (into / "kdt" / "__main__.py").is_file():
         raise BadInput("--against", "a revision that has kdt/ (kdt bench)", revision)
     return into
