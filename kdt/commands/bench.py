@@ -144,7 +144,7 @@ def _against(specs, against: str, shape_set: str, chosen_shapes: dict[str, list]
     import dataclasses
     import tempfile
 
-    from kdt import bench, paths, report, runtime
+    from kdt import bench, paths, runtime
 
     runs = parse_arches(arch) if arch else [None]
     out = Report("bench", output)
@@ -169,20 +169,33 @@ def _against(specs, against: str, shape_set: str, chosen_shapes: dict[str, list]
                             c = bench.compare_shape(spec, item, theirs, against, graph=not no_graph,
                                                     knobs={**fixed[spec.name], **point})
                         results.append(c)
-                        slower = c.ratio > 1 + max_regression / 100
-                        verdict = styled("slower", "red") if slower else ("faster" if c.ratio < 1 - max_regression / 100
-                                                                          else "same")
                         table.add_row(c.shape, *((name,) if arch else ()),
                                       *(tuple(f"{k}={v}" for k, v in point.items()) if points != [{}] else ()),
                                       c.path, c.mode, f"{c.ours.median_us:.2f}", f"{c.theirs.median_us:.2f}",
-                                      f"{c.ratio:.3f}", f"{c.ratio_p10:.3f}-{c.ratio_p90:.3f}", verdict)
+                                      f"{c.ratio:.3f}", f"{c.ratio_p10:.3f}-{c.ratio_p90:.3f}",
+                                      _verdict(c.ratio, max_regression))
             out.table(table)
     document = {"against": against, "set": shape_set, "max_regression_pct": max_regression,
                 "comparisons": [dataclasses.asdict(c) for c in results]}
+    return _compared(out, document, [c.ratio for c in results], against, max_regression, json_file)
+
+
+def _verdict(ratio: float, max_regression: float):
+    """An A/B row's verdict: slower or faster than the other build by more than --max-regression, or the same."""
+    if ratio > 1 + max_regression / 100:
+        return styled("slower", "red")
+    return "faster" if ratio < 1 - max_regression / 100 else "same"
+
+
+def _compared(out, document: dict, ratios: list[float], against: str, max_regression: float,
+              json_file: Optional[Path]) -> int:
+    """An A/B comparison's end: its document (to --json too), how many shapes regressed, and the exit code."""
+    from kdt import report
+
     if json_file:
         report.write_atomically(json_file, json.dumps(document, indent=2))
-    slower = [c for c in results if c.ratio > 1 + max_regression / 100]
-    out.say(f"{len(results)} shapes, {len(slower)} slower than {against} by more than {max_regression:g}%")
+    slower = sum(ratio > 1 + max_regression / 100 for ratio in ratios)
+    out.say(f"{len(ratios)} shapes, {slower} slower than {against} by more than {max_regression:g}%")
     out.document(document)
     out.step_summary()
     return EXIT_CHECK_FAILED if slower else EXIT_OK
@@ -225,7 +238,7 @@ def _against_trees(specs, against: str, shape_set: Optional[str], quick: bool, s
     import dataclasses
     import tempfile
 
-    from kdt import paths, report, tree_compare
+    from kdt import paths, tree_compare
 
     out = Report("bench", output)
     arguments = tree_compare.bench_arguments([spec.name for spec in specs], shape_set, quick, shape, knob, sweep,
@@ -242,27 +255,19 @@ def _against_trees(specs, against: str, shape_set: Optional[str], quick: bool, s
                   f"--whole-trees", ("kernel", "shape", *(("arch",) if arch else ()), *(("knobs",) if knobbed else ()),
                                      "path", "mode", "ours us", "theirs us", "ratio", "range", "verdict"),
                   right=("ours us", "theirs us", "ratio", "range"))
-    slower = []
     for row in rows:
-        late = row.ratio > 1 + max_regression / 100
-        slower += [row] if late else []
-        verdict = styled("slower", "red") if late else ("faster" if row.ratio < 1 - max_regression / 100 else "same")
         table.add_row(row.kernel, row.shape, *((row.arch,) if arch else ()),
                       *((" ".join(f"{k}={v}" for k, v in row.knobs.items()) or "-",) if knobbed else ()), row.path,
                       row.mode, f"{statistics.median(row.ours_us):.2f}", f"{statistics.median(row.theirs_us):.2f}",
-                      f"{row.ratio:.3f}", f"{min(row.ratios):.3f}-{max(row.ratios):.3f}", verdict)
+                      f"{row.ratio:.3f}", f"{min(row.ratios):.3f}-{max(row.ratios):.3f}",
+                      _verdict(row.ratio, max_regression))
     out.table(table)
     for item in lonely:
         out.say(f"[yellow]timed by one tree only[/]: {escape(item)}")
     document = {"against": against, "whole_trees": True, "rounds": tree_compare.ROUNDS, "set": shape_set,
                 "max_regression_pct": max_regression, "only_one_tree": lonely,
                 "comparisons": [{**dataclasses.asdict(row), "ratio": row.ratio} for row in rows]}
-    if json_file:
-        report.write_atomically(json_file, json.dumps(document, indent=2))
-    out.say(f"{len(rows)} shapes, {len(slower)} slower than {against} by more than {max_regression:g}%")
-    out.document(document)
-    out.step_summary()
-    return EXIT_CHECK_FAILED if slower else EXIT_OK
+    return _compared(out, document, [row.ratio for row in rows], against, max_regression, json_file)
 
 
 def _mismatch(v) -> str:
