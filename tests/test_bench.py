@@ -331,6 +331,7 @@ def test_whole_trees_report_each_shape_and_fail_on_a_regression(monkeypatch, tmp
     assert document["whole_trees"] and document["only_one_tree"] == ["topk gone"]
     assert [(c["shape"], c["ratio"]) for c in document["comparisons"]] == [("a", 0.5), ("b", 1.5)]
     assert "0.500" in done.output and "1.500" in done.output and "slower" in done.output
+    assert "kdt bench topk --against HEAD --whole-trees" in done.output    # no --set given: none named
     within = CliRunner().invoke(app, ["bench", "topk", "--against", "HEAD", "--whole-trees", "--max-regression", "60"])
     assert within.exit_code == 0, within.output
 

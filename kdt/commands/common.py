@@ -66,11 +66,11 @@ def refuse_set_with_case(shape_set: Optional[str], case: Optional[str]) -> None:
         raise BadInput("--set", "no --set with --case (it picks bench shapes, not golden cases)", repr(shape_set))
 
 
-def set_label(shape_set: str) -> str:
-    """What a table's title says of the bench shape set (--set): nothing for the default one."""
+def set_label(shape_set: Optional[str]) -> str:
+    """What a table's title says of the bench shape set (--set): nothing for the default one (or none given)."""
     from kdt.spec import DEFAULT_BENCH_SET
 
-    return "" if shape_set == DEFAULT_BENCH_SET else f" --set {shape_set}"
+    return "" if shape_set in (None, DEFAULT_BENCH_SET) else f" --set {shape_set}"
 
 
 def select_run(arch: Optional[str], sms: Optional[int]) -> None:
