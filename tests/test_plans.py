@@ -188,17 +188,18 @@ def test_tree_build_select_path_by_budget_and_knob(targets):
         return ops.plan_for("tree-build", inputs, {"budget": budget}, target, knobs).launches[0].function
 
     assert function(16) == "kdt_tree_build_p1"
-    assert function(255) == "kdt_tree_build_p8_select"
+    assert function(255) == "kdt_tree_build_p8_select_narrow"
     assert function(255, select_min_budget=1024) == "kdt_tree_build_p8"
-    assert function(16, select_min_budget=1) == "kdt_tree_build_p1_select"
-    assert function(255, V=255) == "kdt_tree_build_p8_select"   # wide fan-out: the wide select kind
+    assert function(16, select_min_budget=1) == "kdt_tree_build_p1_select_narrow"
+    assert function(255, V=255) == "kdt_tree_build_p8_select_wide"   # wide fan-out: the wide select kind
     wide = {name: ArraySpec((1, 7, 1024), dtype) for name, dtype in (("top_logp", "float32"), ("top_ids", "int32"))}
     # K7 V1024 B1023: the rows and the select scratch do not fit together, so part of the rows stays in global memory
     plan = ops.plan_for("tree-build", wide, {"budget": 1023}, target)
-    assert plan.launches[0].function == "kdt_tree_build_p32_g_select"
+    assert plan.launches[0].function == "kdt_tree_build_p32_g_select_wide"
     assert 1 <= plan.fact("staged ranks") < 1024 and plan.fact("select pool") == plan.fact("select ranked")
     big = {name: ArraySpec((1, 64, 1024), dtype) for name, dtype in (("top_logp", "float32"), ("top_ids", "int32"))}
-    assert ops.plan_for("tree-build", big, {"budget": 1023}, target).launches[0].function == "kdt_tree_build_p32_g_select"
+    big_plan = ops.plan_for("tree-build", big, {"budget": 1023}, target)
+    assert big_plan.launches[0].function == "kdt_tree_build_p32_g_select_wide"
     no_select = ops.plan_for("tree-build", big, {"budget": 1023}, target, {"select_min_budget": 1024})
     assert no_select.launches[0].function == "kdt_tree_build_p32_g"
 

@@ -2,13 +2,13 @@
 
 The entry point is `kdt_tree_build_p{NPL}`, NPL = the slots each lane of the build warp owns (the smallest power of
 two >= ceil((B + 1) / 32)), with the suffix `_g` when the log-probs a build can read (ranks < min(V, B + 1) at every
-depth) do not fit the shared-memory budget and the rest is read from global memory, or `_select` when the plan
-offers the select path a pool (B >= `select_min_budget`, the fan-out a build can read at most the kernel's
-select_max_fanout, the scratch fits), or `_g_select` for both: rows too wide to stage beside the select scratch stage
-fewer ranks and read the rest from global memory. Two arguments size that pool (0: the serial loop only); a third
-says whether the select path's wide kind (V > 32) estimates its threshold from the rows first (B >=
-`select_estimate_min_budget`). The shared-memory layout below mirrors the kernel's (plans/kernels/tree-build.md). No
-workspace.
+depth) do not fit the shared-memory budget and the rest is read from global memory, or `_select_narrow` /
+`_select_wide` when the plan offers the select path a pool (B >= `select_min_budget`, the fan-out a build can read at
+most the kernel's select_max_fanout, the scratch fits; the wide kind past select_narrow_fanout), or `_g_select_wide`
+for both: rows too wide to stage beside the select scratch stage fewer ranks and read the rest from global memory.
+Two arguments size that pool (0: the serial loop only); a third says whether the select path's wide kind (V > 32)
+estimates its threshold from the rows first (B >= `select_estimate_min_budget`). The shared-memory layout below
+mirrors the kernel's (plans/kernels/tree-build.md). No workspace.
 """
 
 from __future__ import annotations
@@ -107,19 +107,20 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     layout = smem_layout(depth, fanout, budget, target, knobs)
     readable = min(fanout, budget + 1)           # ranks up to B are the most a build can read
     partial = layout.staged < readable          # ranks past Vs from global memory (the kernel's kPartialLp)
+    wide = partial or readable > target.constant(PREFIX + "select_narrow_fanout")   # the select path's wide kind
+    kind = "wide" if wide else "narrow"
     if partial and layout.pool:
-        name, path = (f"{PREFIX}p{layout.slots_per_lane}_g_select",
+        name, path = (f"{PREFIX}p{layout.slots_per_lane}_g_select_wide",
                       "select where every log-prob <= 0, else serial; ranks past Vs from global memory")
     elif partial:
         name, path = f"{PREFIX}p{layout.slots_per_lane}_g", "serial, ranks past Vs from global memory"
     elif layout.pool:
-        name, path = f"{PREFIX}p{layout.slots_per_lane}_select", "select where every log-prob <= 0, else serial"
+        name, path = f"{PREFIX}p{layout.slots_per_lane}_select_{kind}", "select where every log-prob <= 0, else serial"
     else:
         name, path = f"{PREFIX}p{layout.slots_per_lane}", "small" if layout.slots_per_lane <= 2 else "serial"
     estimate_min = knobs.select_estimate_min_budget
     if estimate_min is None:
         estimate_min = target.constant(PREFIX + "select_estimate_min_budget")
-    wide = partial or readable > target.constant(PREFIX + "select_narrow_fanout")   # the kernel's wide kind
     estimate = bool(layout.pool) and wide and budget >= estimate_min    # the narrow kind has no estimate
     launch = KernelLaunch(name, (groups, 1, 1), target.constant(PREFIX + "threads"),
                           ("top_logp", "top_ids", np.int32(depth), np.int32(fanout), np.int32(budget),

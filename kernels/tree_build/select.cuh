@@ -1,4 +1,4 @@
-// kernels/tree_build/select.cuh -- the select path, only in the kdt_tree_build_p{NPL}{,_g}_select entries: when
+// kernels/tree_build/select.cuh -- the select path, only in the kdt_tree_build_p{NPL}_*select_* entries: when
 // every log-prob is <= 0, best-first order is a sort of the paths, and the whole block selects the B best (score
 // bins, a rising threshold bin level by level, then a rank within the bins) instead of taking one node per step.
 // select_build writes the same records the serial loop leaves for the finalize. See plans/kernels/tree-build.md,
@@ -89,9 +89,9 @@ enum SelectVar : int {
     kVarRootKey = kSelectVars - 1,      // keep: score_key(0.0f), the root's key read as key[-1]
 };
 
-// The request's log-probs as the select path reads them: ranks below staged_cols from shared memory ([K][staged_cols]),
-// the rest (the _g_select entries, K * V over the budget) from global memory (row stride cols); fanout = min(V, B + 1),
-// the ranks a build can read.
+// The request's log-probs as the select path reads them: ranks below staged_cols from shared memory
+// ([K][staged_cols]), the rest (the _g_select_wide entries, K * V over the budget) from global memory (row stride
+// cols); fanout = min(V, B + 1), the ranks a build can read.
 struct SelectLogProbs {
     const float* staged;
     const float* global;
@@ -101,7 +101,7 @@ struct SelectLogProbs {
     __device__ __forceinline__ float at(int d, int r) const {
         return (r < staged_cols) ? staged[d * staged_cols + r] : __ldg(global + (size_t)d * cols + r);
     }
-    // The narrow kind's read: its rows are all staged (the _select entries).
+    // The narrow kind's read: its rows are all staged (the _select_narrow entries).
     __device__ __forceinline__ float staged_at(int d, int r) const { return staged[d * staged_cols + r]; }
 };
 
@@ -212,7 +212,7 @@ __device__ __forceinline__ void select_count_pass(const SelectLevel& v, int base
 
 // The counted ranks of a node of score s at depth d: the r with fadd(s, lp(d, r)) > floor. They are a prefix of the
 // row (a row is non-increasing and rounding is monotone): galloping over ranks 0, 1, 3, 7, ... then a binary search,
-// so a node with few children (most) reads a few staged ranks, never the unstaged ones (_g_select: global memory).
+// so a node with few children (most) reads a few staged ranks, never the unstaged ones (_g_select_wide: global memory).
 __device__ __forceinline__ int counted_prefix(const SelectLogProbs& lps, int d, float s, float floor) {
     int lo = 0, probe = 0;          // ranks below lo are counted
     while (probe < lps.fanout && __fadd_rn(s, lps.at(d, probe)) > floor) {

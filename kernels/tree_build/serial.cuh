@@ -36,11 +36,11 @@ __device__ __forceinline__ void argmax_pairs(uint32_t (&k)[n], uint32_t (&p)[n])
     }
 }
 
-// The body of kdt_tree_build_p{NPL}{,_select,_g,_g_select} (kSelect: the _select and _g_select entries;
-// kPartialLp: the _g and _g_select entries, ranks >= Vs read from global memory). P = 32 * NPL slots per per-slot
-// array; in the serial loop each lane of warp 0 owns NPL slots in NG groups of GS entries (a rescan after a take
-// reads one group).
-template <int NPL, bool kPartialLp, bool kSelect>
+// The body of kdt_tree_build_p{NPL}{,_select_narrow,_select_wide,_g,_g_select_wide} (kSelect: the select kind the
+// _select entries hold; kPartialLp: the _g entries, ranks >= Vs read from global memory). P = 32 * NPL slots per
+// per-slot array; in the serial loop each lane of warp 0 owns NPL slots in NG groups of GS entries (a rescan after
+// a take reads one group).
+template <int NPL, bool kPartialLp, SelectKind kSelect>
 __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_logp, const int* __restrict__ top_ids,
                                                 int K, int V, int B, int Vs, int cap, int cap3, bool estimate,
                                                 int* __restrict__ n_nodes,
@@ -91,7 +91,7 @@ __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_lo
         ns_s[i] = -1;
     }
     int positive = stage_logprobs<false>(glp, gid, K, V, Vs, lp_s, ids_s, lp0, nullptr);
-    if constexpr (kSelect && kPartialLp) {
+    if constexpr (kSelect != SelectKind::none && kPartialLp) {
         // the select path reads the unstaged ranks too: they must be <= 0 as well
         const int fanout = min(V, B + 1);
         for (int i = tid; i < K * (fanout - Vs); i += kThreads) {
@@ -101,23 +101,23 @@ __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_lo
     }
     const bool any_positive = __syncthreads_or(positive) != 0;
 
-    // ---- select path (every log-prob <= 0, B large enough: cap > 0; _g_select reads unstaged ranks from L2) ----
+    // ---- select path (every log-prob <= 0, B large enough: cap > 0; _g_select_wide reads unstaged ranks from L2) ----
     bool selected = false;
-    if constexpr (kSelect) {
-        if (cap > 0 && !any_positive) {
+    if constexpr (kSelect != SelectKind::none) {
+        const SelectLogProbs lps{lp_s, glp, Vs, V, min(V, B + 1)};
+        // The narrow entries hold the narrow kind only: a wider row (no plan launches one) takes the serial loop.
+        if (cap > 0 && !any_positive && (kSelect == SelectKind::wide || lps.fanout <= kSelectNarrowFanout)) {
             // One pass over the levels when the pool has room for every counted path (cap > cap3); if it
             // overflows, two passes in the same scratch (20 * cap3 <= 12 * cap + 8 * cap3 bytes).
-            // Past kSelectNarrowFanout (and wherever ranks stay in global memory) a lane takes a node; each
-            // kind its own function, so the narrow one compiles as it did before the wide one existed.
-            const SelectLogProbs lps{lp_s, glp, Vs, V, min(V, B + 1)};
-            const bool wide = kPartialLp || lps.fanout > kSelectNarrowFanout;
+            // Each kind has its own entries, so ptxas compiles neither with the other in the same kernel.
             const auto attempt = [&](auto keep, int pool) {
                 constexpr bool kKeep = decltype(keep)::value;
-                return wide
-                    ? select_build<kKeep, true>(lps, K, B, pool, cap3, estimate, scratch, rec_s, logw_s, fc_s,
-                                                ns_s, misc)
-                    : select_build<kKeep, false>(lps, K, B, pool, cap3, false, scratch, rec_s, logw_s, fc_s, ns_s,
-                                                 misc);
+                if constexpr (kSelect == SelectKind::wide)
+                    return select_build<kKeep, true>(lps, K, B, pool, cap3, estimate, scratch, rec_s, logw_s, fc_s,
+                                                     ns_s, misc);
+                else
+                    return select_build<kKeep, false>(lps, K, B, pool, cap3, false, scratch, rec_s, logw_s, fc_s,
+                                                      ns_s, misc);
             };
             if (cap > cap3) selected = attempt(std::true_type{}, cap);
             if (!selected) selected = attempt(std::false_type{}, cap3);
