@@ -529,16 +529,15 @@ __device__ __forceinline__ void select_materialise_wide(const SelectLogProbs& lp
 //     entries, and phase 3 ranks those with bin >= bstar (at most `cap3`);
 //   !kKeep (two passes): phase 1 only counts, with two level buffers of 2 * cap scores; phase 2 materialises the
 //     paths with bin >= bstar (at most cap; cap3 == cap).
-// Returns false, having written nothing the serial loop reads, when a capacity is exceeded.
-// Not inlined: one copy per layout, called once per block (inlined, the select path measured ~1 us slower at
-// B = 128..1023 on the H200). scratch is not __restrict__: its words pass between threads across barriers, and
+// Returns false, having written nothing the serial loop reads, when a capacity is exceeded. Called once per block
+// through select_build, below. scratch is not __restrict__: its words pass between threads across barriers, and
 // a restrict pointer that never escapes lets the compiler move its loads across a barrier (seen: the note, "The
 // threshold estimated first").
 template <bool kKeep, bool kWide>
-__device__ __noinline__ bool select_build(const SelectLogProbs lps, int K, int B, int cap, int cap3,
-                                             bool estimate, int* scratch, int* __restrict__ rec_s,
-                                             float* __restrict__ logw_s, int* __restrict__ fc_s,
-                                             int* __restrict__ ns_s, int* __restrict__ misc) {
+__device__ __forceinline__ bool select_build_body(const SelectLogProbs lps, int K, int B, int cap, int cap3,
+                                                  bool estimate, int* scratch, int* __restrict__ rec_s,
+                                                  float* __restrict__ logw_s, int* __restrict__ fc_s,
+                                                  int* __restrict__ ns_s, int* __restrict__ misc) {
     int* const hist = scratch;                          // [kBins] paths per bin (phase 1), then a cursor
     int* const offs = hist + kBins;                     // [kBins] ranked entries in higher bins
     int* const wsum = offs + kBins;                     // [2][32] per-(item, warp) counts, double-buffered
@@ -796,6 +795,29 @@ __device__ __noinline__ bool select_build(const SelectLogProbs lps, int K, int B
     }
     if (tid == 0) misc[0] = min(B, ranked);
     return true;
+}
+
+template <bool kKeep, bool kWide>
+__device__ __noinline__ bool select_build_called(const SelectLogProbs lps, int K, int B, int cap, int cap3,
+                                                 bool estimate, int* scratch, int* __restrict__ rec_s,
+                                                 float* __restrict__ logw_s, int* __restrict__ fc_s,
+                                                 int* __restrict__ ns_s, int* __restrict__ misc) {
+    return select_build_body<kKeep, kWide>(lps, K, B, cap, cap3, estimate, scratch, rec_s, logw_s, fc_s, ns_s, misc);
+}
+
+// The select path, one layout (kKeep) of one kind (kWide). The wide kind's two-pass layout is inlined into its
+// kernel, every other layout is a call (one copy each): inlined, the narrow kind and the wide one-pass layout
+// measured 2-5% slower on the H200, the wide two-pass layout 6-9% faster (the note, "Inlined or called").
+template <bool kKeep, bool kWide>
+__device__ __forceinline__ bool select_build(const SelectLogProbs lps, int K, int B, int cap, int cap3, bool estimate,
+                                             int* scratch, int* __restrict__ rec_s, float* __restrict__ logw_s,
+                                             int* __restrict__ fc_s, int* __restrict__ ns_s, int* __restrict__ misc) {
+    if constexpr (kWide && !kKeep)
+        return select_build_body<kKeep, kWide>(lps, K, B, cap, cap3, estimate, scratch, rec_s, logw_s, fc_s, ns_s,
+                                               misc);
+    else
+        return select_build_called<kKeep, kWide>(lps, K, B, cap, cap3, estimate, scratch, rec_s, logw_s, fc_s, ns_s,
+                                                 misc);
 }
 
 }  // namespace
