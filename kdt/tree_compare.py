@@ -7,6 +7,10 @@ even rounds), and a shape's ratio is the median over rounds of ours / theirs, ea
 timed launches. A tree that refuses the arguments (exit 3: e.g. a knob the other revision lacks) stops the comparison
 as bad input; one that cannot run (exit 2), fails otherwise or runs past CHILD_TIMEOUT_S stops it with exit 2. Either
 way with that tree's last words.
+
+Each tree's process allocates and launches on its own: on a kernel of a few microseconds, SASS identical but for its
+parameter offsets has read 1.025 this way (plans/perf-notes.md, twenty-sixth session), so a difference of a few
+percent there wants the in-process --against (same launcher, interleaved) before it is read as the code's.
 """
 
 from __future__ import annotations
