@@ -163,3 +163,51 @@ def test_each_build_path_matches_golden_and_random(root, select_from):
         assert runs > 0, "the select path never ran"
     else:
         assert runs == 0, f"the select path ran {runs} times with select_min_budget={select_from}"
+
+
+def _calls_per_entry(listing: str) -> dict[str, set[str]]:
+    """Each entry point of an nvdisasm listing -> the functions its section calls (CALL.REL targets)."""
+    import re
+
+    calls: dict[str, set[str]] = {}
+    entry = None
+    for line in listing.splitlines():
+        if line.startswith("//----") and ".text." in line:
+            entry = line.split(".text.", 1)[1].split()[0]
+            calls[entry] = set()
+        elif entry and "CALL.REL" in line:
+            calls[entry].update(re.findall(r"\(\$\w+\$(\w+)\)", line))
+    return calls
+
+
+@pytest.mark.nvcc
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
+def test_each_select_entry_holds_its_own_kind_and_calls_only_the_called_layouts(arch):
+    """The select kinds have their own entries (ptxas allocates registers across a kernel's calls, so the narrow
+    kind slowed when the wide one grew beside it), and the layouts are inlined or called as measured (the note,
+    "Inlined or called"): a narrow entry calls its two narrow layouts, a wide entry only the wide one-pass layout
+    (its two-pass layout inlined), and no entry without the select path calls either."""
+    import subprocess
+
+    from kdt import build, toolkit
+
+    nvdisasm = toolkit.find_cuda_tool("nvdisasm")
+    assert nvdisasm is not None, "nvdisasm (the test extra's nvidia-cuda-nvdisasm) not found"
+    result = build.build("tree-build", arch)
+    listing = subprocess.run([str(nvdisasm), "-c", str(result.cubin)], capture_output=True, text=True, check=True)
+    calls = _calls_per_entry(listing.stdout)
+    layouts = {"select_build_calledILb1ELb0E": "narrow one-pass", "select_build_calledILb0ELb0E": "narrow two-pass",
+               "select_build_calledILb1ELb1E": "wide one-pass"}
+    entries = [r.function for r in result.resources]
+    assert len(entries) == 30 and set(entries) <= set(calls), entries
+    for entry in entries:
+        called = {name for callee in calls[entry] for marker, name in layouts.items() if marker in callee}
+        assert not any("select_build" in callee and not any(m in callee for m in layouts) for callee in calls[entry]), \
+            f"{entry} calls a select layout that should be inlined: {sorted(calls[entry])}"
+        if entry.endswith("_select_narrow"):
+            assert called == {"narrow one-pass", "narrow two-pass"}, (entry, called)
+        elif entry.endswith("_select_wide"):
+            assert called == {"wide one-pass"}, (entry, called)
+        else:
+            assert not called, (entry, called)
