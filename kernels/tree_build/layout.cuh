@@ -19,9 +19,10 @@ constexpr int kSlotBytes = 28;    // shared bytes per slot of P (see the layout 
 constexpr int kHeaderBytes = 4 * kLp0Len + 4 * kMiscInts;
 constexpr int kSmemBudget = 98304;   // 96 KiB: under sm_120's 99 KiB opt-in limit
 
-// Select path (tree_build/select.cuh): the sizes of its scratch in region x, and when the launcher offers it.
 // Which select kind an entry holds (each its own entries: ptxas compiles each kind as if the other did not exist).
 enum class SelectKind { none, narrow, wide };
+
+// Select path (tree_build/select.cuh): the sizes of its scratch in region x, and when the launcher offers it.
 constexpr int kBins = 2048;                 // score bins (see score_bin)
 constexpr int kSelectMinBudget = 64;        // default: serial faster at B = 32, select at B = 64 (perf-notes)
 constexpr int kSelectEstimateMinBudget = 512;   // default: the wide kind estimates its threshold from this B
