@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import pytest
 
 from kdt import build, stages, toolkit
+from tests import sass
 
 PTXAS_LOG = """ptxas info    : 0 bytes gmem
 ptxas info    : Compiling entry function 'kdt_tree_build' for 'sm_90'
@@ -81,17 +81,14 @@ WAITS_LATER = {"kdt_verify_attn_combine": "it reads n_nodes, a step input, befor
                                           "main kernel, which let it in after waiting itself"}
 
 
-def _sass_opcodes(disassembly: str, function: str) -> list[str]:
-    """The opcodes of `function` in address order, from nvdisasm's listing."""
-    opcodes, inside = [], False
-    for line in disassembly.splitlines():
-        if line.startswith("//----") and ".text." in line:
-            inside = line.split(".text.", 1)[1].split()[0] == function
-        elif inside and line.lstrip().startswith("/*") and "*/" in line:
-            words = line.split("*/", 1)[1].replace(";", " ").split()
-            words = words[1:] if words and words[0].startswith("@") else words
-            if words:
-                opcodes.append(words[0].split(".")[0])
+def _sass_opcodes(instructions: list[str]) -> list[str]:
+    """The opcodes (before the first '.') of a section's instructions, predicates dropped."""
+    opcodes = []
+    for instruction in instructions:
+        words = instruction.replace(";", " ").split()
+        words = words[1:] if words and words[0].startswith("@") else words
+        if words:
+            opcodes.append(words[0].split(".")[0])
     return opcodes
 
 
@@ -103,12 +100,9 @@ def test_every_entry_point_waits_for_the_previous_launch_before_touching_memory(
     """The knob overlap_previous lets a plan's first kernel start before the launch ahead of it ends. That is sound
     only where every entry point waits for that launch (griddepcontrol.wait: SASS ACQBULK) before its first global
     memory access, and it gains only where each lets the next launch in (launch_dependents: PREEXIT)."""
-    nvdisasm = toolkit.find_cuda_tool("nvdisasm")
-    assert nvdisasm is not None, "nvdisasm (the test extra's nvidia-cuda-nvdisasm) not found"
-    result = build.build(kernel, arch)
-    listing = subprocess.run([str(nvdisasm), "-c", str(result.cubin)], capture_output=True, text=True, check=True)
-    for function in (r.function for r in result.resources):
-        opcodes = _sass_opcodes(listing.stdout, function)
+    listing = sass.sections(kernel, arch)
+    for function in (r.function for r in build.build(kernel, arch).resources):
+        opcodes = _sass_opcodes(listing[function])
         assert "ACQBULK" in opcodes and "PREEXIT" in opcodes, f"{function}: no griddepcontrol wait or launch"
         if function in WAITS_LATER:
             continue

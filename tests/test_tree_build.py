@@ -165,20 +165,6 @@ def test_each_build_path_matches_golden_and_random(root, select_from):
         assert runs == 0, f"the select path ran {runs} times with select_min_budget={select_from}"
 
 
-def _calls_per_entry(listing: str) -> dict[str, set[str]]:
-    """Each entry point of an nvdisasm listing -> the functions its section calls (CALL.REL targets)."""
-    import re
-
-    calls: dict[str, set[str]] = {}
-    entry = None
-    for line in listing.splitlines():
-        if line.startswith("//----") and ".text." in line:
-            entry = line.split(".text.", 1)[1].split()[0]
-            calls[entry] = set()
-        elif entry and "CALL.REL" in line:
-            calls[entry].update(re.findall(r"\(\$\w+\$(\w+)\)", line))
-    return calls
-
 
 @pytest.mark.nvcc
 @pytest.mark.compile
@@ -188,18 +174,17 @@ def test_each_select_entry_holds_its_own_kind_and_calls_only_the_called_layouts(
     kind slowed when the wide one grew beside it), and the layouts are inlined or called as measured (the note,
     "Inlined or called"): a narrow entry calls its two narrow layouts, a wide entry only the wide one-pass layout
     (its two-pass layout inlined), and no entry without the select path calls either."""
-    import subprocess
+    import re
 
-    from kdt import build, toolkit
+    from kdt import build
+    from tests import sass
 
-    nvdisasm = toolkit.find_cuda_tool("nvdisasm")
-    assert nvdisasm is not None, "nvdisasm (the test extra's nvidia-cuda-nvdisasm) not found"
-    result = build.build("tree-build", arch)
-    listing = subprocess.run([str(nvdisasm), "-c", str(result.cubin)], capture_output=True, text=True, check=True)
-    calls = _calls_per_entry(listing.stdout)
+    calls = {entry: {callee for line in instructions if "CALL.REL" in line
+                     for callee in re.findall(r"\(\$\w+\$(\w+)\)", line)}
+             for entry, instructions in sass.sections("tree-build", arch).items()}
     layouts = {"select_build_calledILb1ELb0E": "narrow one-pass", "select_build_calledILb0ELb0E": "narrow two-pass",
                "select_build_calledILb1ELb1E": "wide one-pass"}
-    entries = [r.function for r in result.resources]
+    entries = [r.function for r in build.build("tree-build", arch).resources]
     assert len(entries) == 30 and set(entries) <= set(calls), entries
     for entry in entries:
         called = {name for callee in calls[entry] for marker, name in layouts.items() if marker in callee}
