@@ -797,11 +797,16 @@ __device__ __forceinline__ bool select_build_body(const SelectLogProbs lps, int 
     return true;
 }
 
+// The called copy takes the log-probs' fields one by one: a pointer inside a by-value struct hides from the
+// compiler that every call passes shared memory, and the staged reads became generic loads (the note, "Inlined
+// or called").
 template <bool kKeep, bool kWide>
-__device__ __noinline__ bool select_build_called(const SelectLogProbs lps, int K, int B, int cap, int cap3,
+__device__ __noinline__ bool select_build_called(const float* staged, const float* global, int staged_cols, int cols,
+                                                 int fanout, int K, int B, int cap, int cap3,
                                                  bool estimate, int* scratch, int* __restrict__ rec_s,
                                                  float* __restrict__ logw_s, int* __restrict__ fc_s,
                                                  int* __restrict__ ns_s, int* __restrict__ misc) {
+    const SelectLogProbs lps{staged, global, staged_cols, cols, fanout};
     return select_build_body<kKeep, kWide>(lps, K, B, cap, cap3, estimate, scratch, rec_s, logw_s, fc_s, ns_s, misc);
 }
 
@@ -816,8 +821,8 @@ __device__ __forceinline__ bool select_build(const SelectLogProbs lps, int K, in
         return select_build_body<kKeep, kWide>(lps, K, B, cap, cap3, estimate, scratch, rec_s, logw_s, fc_s, ns_s,
                                                misc);
     else
-        return select_build_called<kKeep, kWide>(lps, K, B, cap, cap3, estimate, scratch, rec_s, logw_s, fc_s, ns_s,
-                                                 misc);
+        return select_build_called<kKeep, kWide>(lps.staged, lps.global, lps.staged_cols, lps.cols, lps.fanout, K, B,
+                                                 cap, cap3, estimate, scratch, rec_s, logw_s, fc_s, ns_s, misc);
 }
 
 }  // namespace

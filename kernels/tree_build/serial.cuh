@@ -104,7 +104,9 @@ __device__ __forceinline__ void tree_build_body(const float* __restrict__ top_lo
     // ---- select path (every log-prob <= 0, B large enough: cap > 0; _g_select_wide reads unstaged ranks from L2) ----
     bool selected = false;
     if constexpr (kSelect != SelectKind::none) {
-        const SelectLogProbs lps{lp_s, glp, Vs, V, min(V, B + 1)};
+        // The narrow kind reads only staged ranks: no global pointer, so glp stays read-only (LDG.E.CONSTANT) in the
+        // staging loads instead of escaping into the called select function.
+        const SelectLogProbs lps{lp_s, kSelect == SelectKind::wide ? glp : nullptr, Vs, V, min(V, B + 1)};
         // The narrow entries hold the narrow kind only: a wider row (no plan launches one) takes the serial loop.
         if (cap > 0 && !any_positive && (kSelect == SelectKind::wide || lps.fanout <= kSelectNarrowFanout)) {
             // One pass over the levels when the pool has room for every counted path (cap > cap3); if it
