@@ -26,7 +26,7 @@ enum class SelectKind { none, narrow, wide };
 constexpr int kBins = 2048;                 // score bins (see score_bin)
 constexpr int kSelectMinBudget = 64;        // default: serial faster at B = 32, select at B = 64 (perf-notes)
 constexpr int kSelectEstimateMinBudget = 512;   // default: the wide kind estimates its threshold from this B
-constexpr int kSelectItems = 4;             // phase 2: nodes per thread per pass (one (item, warp) count per lane)
+constexpr int kSelectItems = 8;             // phase 2: nodes per thread per pass, at most (two (item, warp) counts a lane)
 constexpr int kSelectVars = 8;              // scalars of the select scratch (the last one: the root's key)
 constexpr int kSelectInts = 2 * kBins + 2 * kWarps * kSelectItems + kSelectVars;   // hist, offs, pass counts, scalars
 constexpr int kSelectFixedBytes = 4 * kSelectInts;
@@ -36,7 +36,7 @@ constexpr int kSelectNarrowFanout = 32;     // up to this Vs a node's candidate 
                                             // above, the block lays out each level (select.cuh, wide)
 constexpr int kSelectMaxFanout = 1024;      // the launcher offers the select path up to this Vs
 static_assert(kBins % kThreads == 0 && kBins % 32 == 0, "bin layout");
-static_assert(kWarps * kSelectItems == 32, "phase 2 scans one (item, warp) count per lane");
+static_assert(kWarps * kSelectItems == 64, "phase 2 scans at most two (item, warp) counts a lane");
 
 // Shared-memory layout (bytes), P = 32 * NPL slots per array. All offsets are multiples of 16.
 //   ent   uint2[P]   loop: (key, pay) of entry q          finalize: (in-block ancestor bits, block exit)

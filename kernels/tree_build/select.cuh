@@ -436,62 +436,88 @@ __device__ __forceinline__ int select_list_level(const uint32_t* key, int node_l
     return listed;
 }
 
+// One pass of phase 2 up to kSelectNarrowFanout over kItems * kThreads / group nodes from `base` (this thread's
+// candidate `rank` of each): the paths with bin >= bstar written from `at` on, node-major (item k of every warp,
+// warps in order, before item k + 1); returns how many. counts: this pass's kItems * kWarps ints (double-buffered by
+// the caller); one barrier.
+template <int kItems>
+__device__ __forceinline__ int select_materialise_pass(int base, int lo, int hi, int at, int cap, int bstar, int d,
+                                                       float lp, int nodes_per_item, int node_in_pass, int rank,
+                                                       uint32_t lanes_below, uint32_t* key, uint32_t* link,
+                                                       int* counts) {
+    constexpr int kPerLane = kItems * kWarps / 32;      // (item, warp) counts a lane scans
+    static_assert(kPerLane * 32 == kItems * kWarps && (kPerLane == 1 || kPerLane == 2), "one or two counts a lane");
+    const int tid = (int)threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    float x[kItems];
+    uint32_t votes[kItems];
+    uint32_t raw[kItems];
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {   // clamped into this level, as in phase 1
+        const int i = min(max(base + k * nodes_per_item + node_in_pass, lo), hi - 1);
+        raw[k] = (i < 0) ? 0u : key[i];
+    }
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+        const int i = base + k * nodes_per_item + node_in_pass;
+        const float c = __fadd_rn(i < 0 ? 0.0f : key_score(raw[k]), lp);
+        const bool ok = i < hi && c > -INFINITY && score_bin(c) >= bstar;
+        x[k] = ok ? c : -INFINITY;
+        votes[k] = __ballot_sync(kFull, ok);
+    }
+    int item_count = 0;     // lane k < kItems: this warp's count of item k
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) item_count = (lane == k) ? __popc(votes[k]) : item_count;
+    if (lane < kItems) counts[lane * kWarps + warp] = item_count;
+    __syncthreads();
+    // counts holds the (item, warp) counts in node order, kPerLane a lane, so one warp scan gives every offset. A
+    // warp's entries all sit at the same place in their lane's pair (kWarps is even): `mine` is that one's offset.
+    const int c0 = counts[kPerLane * lane];
+    int sum = c0;
+    if constexpr (kPerLane == 2) sum += counts[2 * lane + 1];
+    const int incl = kdt::warp_inclusive_scan(sum);
+    const int total = __shfl_sync(kFull, incl, 31);
+    const int mine = incl - sum + ((kPerLane == 2 && (warp & 1)) ? c0 : 0);
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+        const int e = at + __shfl_sync(kFull, mine, (k * kWarps + warp) / kPerLane) + __popc(votes[k] & lanes_below);
+        if ((votes[k] & (1u << lane)) && e < cap) {
+            const int i = base + k * nodes_per_item + node_in_pass;
+            key[e] = score_key(x[k]);
+            link[e] = ((uint32_t)(i + 1) << 16) | ((uint32_t)rank << 6) | (uint32_t)d;
+        }
+    }
+    return total;
+}
+
 // Phase 2 up to kSelectNarrowFanout (two-pass layout): the paths with bin >= bstar, level by level, each level
-// contiguous, each node's children contiguous in rank order. Node-major over the block: a pass looks at
-// kSelectItems * kThreads / group nodes, this thread's candidate `rank` of each.
+// contiguous, each node's children contiguous in rank order. Node-major over the block: a pass looks at up to
+// kSelectItems * kThreads / group nodes (half as many where the level has no more), this thread's candidate `rank`
+// of each.
 __device__ __forceinline__ void select_materialise_narrow(const SelectLogProbs& lps, int K, int cap, int bstar,
                                                           int group, int rank, uint32_t lanes_below, uint32_t* key,
                                                           uint32_t* link, int* wsum) {
     const int tid = (int)threadIdx.x;
-    const int lane = tid & 31;
-    const int warp = tid >> 5;
     const int V = lps.fanout;
     const int nodes_per_item = kThreads / group;
     const int node_in_pass = tid / group;
-    const int nodes_per_pass = kSelectItems * nodes_per_item;
     int pass = 0;
     int lo = -1, hi = 0;
     for (int d = 0; d < K && hi > lo; ++d) {
         const float lp = (rank < V) ? lps.staged_at(d, rank) : -INFINITY;
         int at = hi;
-        for (int base = lo; base < hi; base += nodes_per_pass, ++pass) {
-            float x[kSelectItems];
-            uint32_t votes[kSelectItems];
+        for (int base = lo; base < hi; ++pass) {
             int* const counts = wsum + (pass & 1) * kWarps * kSelectItems;
-            uint32_t raw[kSelectItems];
-#pragma unroll
-            for (int k = 0; k < kSelectItems; ++k) {   // clamped into this level, as in phase 1
-                const int i = min(max(base + k * nodes_per_item + node_in_pass, lo), hi - 1);
-                raw[k] = (i < 0) ? 0u : key[i];
+            if (hi - base > (kSelectItems / 2) * nodes_per_item) {
+                at += select_materialise_pass<kSelectItems>(base, lo, hi, at, cap, bstar, d, lp, nodes_per_item,
+                                                            node_in_pass, rank, lanes_below, key, link, counts);
+                base += kSelectItems * nodes_per_item;
+            } else {
+                at += select_materialise_pass<kSelectItems / 2>(base, lo, hi, at, cap, bstar, d, lp, nodes_per_item,
+                                                                node_in_pass, rank, lanes_below, key, link, counts);
+                base += (kSelectItems / 2) * nodes_per_item;
             }
-#pragma unroll
-            for (int k = 0; k < kSelectItems; ++k) {
-                const int i = base + k * nodes_per_item + node_in_pass;
-                const float c = __fadd_rn(i < 0 ? 0.0f : key_score(raw[k]), lp);
-                const bool ok = i < hi && c > -INFINITY && score_bin(c) >= bstar;
-                x[k] = ok ? c : -INFINITY;
-                votes[k] = __ballot_sync(kFull, ok);
-            }
-            int item_count = 0;     // lane k < kSelectItems: this warp's count of item k
-#pragma unroll
-            for (int k = 0; k < kSelectItems; ++k) item_count = (lane == k) ? __popc(votes[k]) : item_count;
-            if (lane < kSelectItems) counts[lane * kWarps + warp] = item_count;
-            __syncthreads();
-            // Entries in node order: item k of every warp (warps in order) before item k + 1. counts holds one
-            // (item, warp) count per lane in that order, so one warp scan gives every offset.
-            const int c = counts[lane];
-            const int incl = kdt::warp_inclusive_scan(c);
-            const int total = __shfl_sync(kFull, incl, 31);
-#pragma unroll
-            for (int k = 0; k < kSelectItems; ++k) {
-                const int e = at + __shfl_sync(kFull, incl - c, k * kWarps + warp) + __popc(votes[k] & lanes_below);
-                if ((votes[k] & (1u << lane)) && e < cap) {
-                    const int i = base + k * nodes_per_item + node_in_pass;
-                    key[e] = score_key(x[k]);
-                    link[e] = ((uint32_t)(i + 1) << 16) | ((uint32_t)rank << 6) | (uint32_t)d;
-                }
-            }
-            at += total;
         }
         __syncthreads();
         lo = hi;
@@ -540,7 +566,7 @@ __device__ __forceinline__ bool select_build_body(const SelectLogProbs lps, int 
                                                   int* __restrict__ ns_s, int* __restrict__ misc) {
     int* const hist = scratch;                          // [kBins] paths per bin (phase 1), then a cursor
     int* const offs = hist + kBins;                     // [kBins] ranked entries in higher bins
-    int* const wsum = offs + kBins;                     // [2][32] per-(item, warp) counts, double-buffered
+    int* const wsum = offs + kBins;                     // [2][64] per-(item, warp) counts, double-buffered
     int* const var = wsum + 2 * kWarps * kSelectItems;  // [kSelectVars] scalars (SelectVar)
     uint32_t* const key = reinterpret_cast<uint32_t*>(var + kSelectVars);   // the pool: score keys
     uint32_t* const link = key + cap;                   //           (parent + 1) << 16 | rank << 6 | depth - 1
