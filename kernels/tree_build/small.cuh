@@ -43,6 +43,16 @@ struct SmallKeys<true> {
     static __device__ __forceinline__ bool live(uint32_t k) { return k > kNegInfKey; }
 };
 
+// if_nonzero where flag != 0, else otherwise, as one select the compiler cannot fold into what feeds it. The one-set
+// step takes its winner's key with it: folded, the select waited on a predicate combine after the ballot (the note,
+// "Small path").
+__device__ __forceinline__ uint32_t select_nonzero(uint32_t flag, uint32_t if_nonzero, uint32_t otherwise) {
+    uint32_t out;
+    asm("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %1, 0;\n\tselp.b32 %0, %2, %3, p;\n\t}"
+        : "=r"(out) : "r"(flag), "r"(if_nonzero), "r"(otherwise));
+    return out;
+}
+
 // The ancestor bits of a slot: one word per row for one set, two for two.
 template <int SETS>
 using SmallMask = typename std::conditional<SETS == 1, uint32_t, unsigned long long>::type;
@@ -228,11 +238,19 @@ __device__ __forceinline__ void small_loop(const float* lp0, const float* lp1, c
         }
         const int win = ACTIVE == 2 && ballots[0] == 0u ? 1 : 0;   // the set of the smallest slot holding m
         bal = win ? ballots[SETS - 1] : ballots[0];
-        const bool lower = (bal & lanes_below) != 0u;
+        if constexpr (ACTIVE == 1) {
+            // One set: a candidate's advanced key is selected before the ballot, so after the VOTE the chain holds
+            // one LOP3 and one select (the note, "Small path").
+            const uint32_t lower = bal & lanes_below;   // nonzero: a smaller slot holds the best key too
+            is_w[0] = cand[0] && lower == 0u;
+            key[0] = select_nonzero(lower, key[0], cand[0] ? adv[0] : key[0]);
+        } else {
+            const bool lower = (bal & lanes_below) != 0u;
 #pragma unroll
-        for (int k = 0; k < ACTIVE; ++k) {
-            is_w[k] = cand[k] && !lower && k == win;
-            key[k] = is_w[k] ? adv[k] : key[k];                  // entry (w, rho) -> (w, rho + 1), if I am the winner
+            for (int k = 0; k < ACTIVE; ++k) {
+                is_w[k] = cand[k] && !lower && k == win;
+                key[k] = is_w[k] ? adv[k] : key[k];              // entry (w, rho) -> (w, rho + 1), if I am the winner
+            }
         }
         // The winner hands the newborn (slot s) what it precomputed; applied at the next step.
         const int wlane = __ffs((int)bal) - 1;
