@@ -238,19 +238,14 @@ __device__ __forceinline__ void small_loop(const float* lp0, const float* lp1, c
         }
         const int win = ACTIVE == 2 && ballots[0] == 0u ? 1 : 0;   // the set of the smallest slot holding m
         bal = win ? ballots[SETS - 1] : ballots[0];
-        if constexpr (ACTIVE == 1) {
-            // One set: a candidate's advanced key is selected before the ballot, so after the VOTE the chain holds
-            // one LOP3 and one select (the note, "Small path").
-            const uint32_t lower = bal & lanes_below;   // nonzero: a smaller slot holds the best key too
-            is_w[0] = cand[0] && lower == 0u;
-            key[0] = select_nonzero(lower, key[0], cand[0] ? adv[0] : key[0]);
-        } else {
-            const bool lower = (bal & lanes_below) != 0u;
+        const uint32_t lower = bal & lanes_below;       // nonzero: a smaller slot holds the best key too
 #pragma unroll
-            for (int k = 0; k < ACTIVE; ++k) {
-                is_w[k] = cand[k] && !lower && k == win;
-                key[k] = is_w[k] ? adv[k] : key[k];              // entry (w, rho) -> (w, rho + 1), if I am the winner
-            }
+        for (int k = 0; k < ACTIVE; ++k) {
+            is_w[k] = cand[k] && lower == 0u && k == win;
+            // Entry (w, rho) -> (w, rho + 1), if I am the winner. With one set, a candidate's advanced key is
+            // selected before the ballot, so after the VOTE the chain holds one LOP3 and one select (the note,
+            // "Small path"); with two sets it measured slower.
+            key[k] = ACTIVE == 1 ? select_nonzero(lower, key[k], cand[k] ? adv[k] : key[k]) : is_w[k] ? adv[k] : key[k];
         }
         // The winner hands the newborn (slot s) what it precomputed; applied at the next step.
         const int wlane = __ffs((int)bal) - 1;
