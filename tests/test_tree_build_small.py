@@ -82,11 +82,16 @@ def small_build(top_logp: np.ndarray, top_ids: np.ndarray, B: int) -> dict:
     st["wl"], st["wD"], st["sp"] = -1, uniform(-1, np.int64), 0
     st["g0"], st["g1"] = st["rc0"].copy(), st["rc1"].copy()
 
-    def apply(t: int) -> None:
+    def apply(t: int, loads: bool) -> None:
+        """loads: a step over both sets, or the last apply, with two sets (kLoadRc): the newborn's rc0 and rc1 come
+        from loads at the winner's depth wD, and gl0 and gl1 are not kept (poisoned here)."""
         is_w, is_n = st["is_w"], st["is_n"]
         w_adv = np.where(st["rho"] + 2 < V, score_key(fadd(st["L"], st["nxt"])), 0).astype(np.uint32)
         st["adv"] = np.where(is_w, w_adv, st["adv"]).astype(np.uint32)
         st["rho"] = np.where(is_w, st["rho"] + 1, st["rho"])
+        if loads:                                   # one load each for every lane, at the winner's depth
+            wD = st["wD"][0, 0]
+            st["g0"], st["g1"] = uniform(lp0[wD + 2], F32), uniform(lp1[wD + 2], F32)
         born = is_n & (t > 0)
         st["adv"] = np.where(born, st["a"], st["adv"]).astype(np.uint32)
         st["rho"] = np.where(born, 0, st["rho"])
@@ -102,11 +107,19 @@ def small_build(top_logp: np.ndarray, top_ids: np.ndarray, B: int) -> dict:
         idx = np.minimum(st["D"], K - 1) * Vs + np.minimum(st["rho"] + 2, Vs - 1)
         st["nxt"] = lp_s[idx]
         assert (st["D"] + 2 < LP0_LEN).all()
-        st["gl0"], st["gl1"] = lp0[st["D"] + 2], lp1[st["D"] + 2]
+        if loads:
+            st["gl0"], st["gl1"] = full(np.nan, F32), full(np.nan, F32)
+        else:
+            st["gl0"], st["gl1"] = lp0[st["D"] + 2], lp1[st["D"] + 2]
 
     def step(s: int) -> None:
+        if s > 32:      # the kernel's two-set steps hold no newborn in set 0 (`bears`): slots 33-63 are set 1's
+            assert not st["is_n"][0].any()
+        else:           # and its one-set steps shuffle only the low word of the winner's (a set-0 slot's) mask
+            assert not (st["mask"][0] >> np.uint64(32)).any()
+        one_set = s <= 32                           # steps 1-32 run over set 0 alone
         R = st["key"].max()                         # REDUX over each lane's largest key
-        apply(s - 1)
+        apply(s - 1, loads=sets == 2 and not one_set)
         key = np.where(st["is_n"], st["c"], st["key"]).astype(np.uint32)
         live = (key != 0) & (s <= B)
         m = np.uint32(max(int(R), int(st["c"][0, 0])))
@@ -121,7 +134,10 @@ def small_build(top_logp: np.ndarray, top_ids: np.ndarray, B: int) -> dict:
         st["key"] = np.where(st["is_w"], st["adv"], key).astype(np.uint32)
         wl = (bal & -bal).bit_length() - 1          # __ffs(bal) - 1: -1 when bal == 0
         src = wl % LANES                            # a shuffle from lane -1 reads lane 31
-        for name, reg in (("c", "ck"), ("a", "ca"), ("g0", "gl0"), ("g1", "gl1"), ("wD", "D"), ("wmask", "mask")):
+        shuffled = (("c", "ck"), ("a", "ca"), ("wD", "D"), ("wmask", "mask"))
+        if one_set:                                 # a step over both sets loads these in the next apply
+            shuffled += (("g0", "gl0"), ("g1", "gl1"))
+        for name, reg in shuffled:
             st[name] = np.full(slot.shape, st[reg][win, src], st[reg].dtype)
         st["wl"] = wl + LANES * win if bal else -1
         st["is_n"] = (slot == s) & (bal != 0)
@@ -140,7 +156,7 @@ def small_build(top_logp: np.ndarray, top_ids: np.ndarray, B: int) -> dict:
             step(s0 + u)
         if st["bal"] == 0:
             break
-    apply(st["sp"])
+    apply(st["sp"], loads=sets == 2)
 
     # finalize, as small_finalize: per set, __match_any_sync over the parents (unborn slots: distinct negatives);
     # with two sets, set 1's ranks start after the parent's children in set 0, and a set-0 slot with no later

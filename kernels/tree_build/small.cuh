@@ -108,7 +108,7 @@ __device__ __forceinline__ void small_finalize(const int (&D)[SETS], const int (
         const int q = 32 * k + lane;
         if (q >= N) continue;
         const bool valid = q <= n;
-        const size_t i = (size_t)g * N + q;
+        const uint32_t i = (uint32_t)g * (uint32_t)N + (uint32_t)q;   // < 65536 * 64: 32-bit address math
         out_parent[i] = born[k] ? par[k] : -1;
         out_depth[i] = valid ? D[k] : -1;
         out_token[i] = born[k] ? ids_s[(D[k] - 1) * Vs + rnk[k]] : -1;
@@ -149,7 +149,7 @@ __device__ __forceinline__ void small_loop(const float* lp0, const float* lp1, c
     //   nxt          top_logp[g, D, rho + 2], indices clamped into the staged range: for the adv after that
     //   rc0, rc1     lp0[D + 1], lp1[D + 1]: ranks 0 and 1 under the node this entry would become
     //   ck, ca       that node's entry keys at ranks 0 and 1, had this entry been taken
-    //   gl0, gl1     lp0[D + 2], lp1[D + 2]: that node's rc0, rc1
+    //   gl0, gl1     lp0[D + 2], lp1[D + 2]: that node's rc0, rc1 (kept by the one-set steps only, see kLoadRc)
     // Every lane starts with the root's values; key 0 keeps unborn slots out of the argmax, and a slot's birth
     // overwrites every field that differs. Rank, first child and next sibling are derived in the finalize.
     const uint32_t lanes_below = (1u << lane) - 1u;
@@ -180,11 +180,26 @@ __device__ __forceinline__ void small_loop(const float* lp0, const float* lp1, c
     int wl = -1, wD = -1, sp = 0;
     float g0 = rc0[0], g1 = rc1[0];
 
+    // Whether set k can hold a newborn in a step over `active` sets: in a step over both sets (33-63) every newborn
+    // is in set 1 (slots 33-63), so set 0's birth is compiled out there. The last apply passes AnySet.
+    using AnySet = std::integral_constant<int, 0>;
+    const auto bears = [](int k, auto active) { return !(decltype(active)::value == 2 && k == 0); };
+    // Slot t's own bit in its mask; in a step over both sets t >= 32, so the bit is in the high word.
+    const auto own_bit = [](int t, auto active) -> Mask {
+        if constexpr (decltype(active)::value == 2) return static_cast<Mask>(static_cast<unsigned long long>(1u << (t & 31)) << 32);
+        else return static_cast<Mask>(1u) << (t & (P - 1));
+    };
+
     // Applies the outcome of step t to this lane's registers, branch-free (unchanged inputs recompute
-    // unchanged values), in the first `active` sets (the others cannot have changed). Step 0 is the root's birth
-    // on lane 0, already in the registers.
+    // unchanged values), in the first `active` sets (the others cannot have changed; AnySet: all, each may bear).
+    // Step 0 is the root's birth on lane 0, already in the registers.
     auto apply = [&](int t, auto active) {
-        constexpr int ACTIVE = decltype(active)::value;
+        constexpr int ACTIVE = decltype(active)::value == 0 ? SETS : decltype(active)::value;
+        // In a step over both sets (and the last apply) the newborn's rc0, rc1 are one load for every lane at depth
+        // wD + 2, the same values as the winner's gl0, gl1 that a one-set step shuffles: no gl0, gl1 kept there
+        // (wD + 2 <= K + 2, inside lp0 / lp1's 72 entries; wD is -1 before the first take).
+        constexpr bool kLoadRc = SETS == 2 && decltype(active)::value != 1;
+        if constexpr (kLoadRc) g0 = lp0[wD + 2], g1 = lp1[wD + 2];
 #pragma unroll
         for (int k = 0; k < ACTIVE; ++k) {
             // The winner: its entry moves to rank rho + 1 (its key already did) and its adv to rank rho + 2.
@@ -193,7 +208,7 @@ __device__ __forceinline__ void small_loop(const float* lp0, const float* lp1, c
             rho[k] = is_w[k] ? rho[k] + 1 : rho[k];
             // The newborn: slot t under the winner (slot wl), depth D_w + 1, score Keys::score(m), entry keys c at
             // rank 0 (it joins `key` at the next step) and a at rank 1.
-            const bool born = is_n[k] && t > 0;
+            const bool born = bears(k, active) && is_n[k] && t > 0;
             adv[k] = born ? a : adv[k];
             rho[k] = born ? 0 : rho[k];
             L[k] = born ? Keys::score(m) : L[k];
@@ -201,15 +216,17 @@ __device__ __forceinline__ void small_loop(const float* lp0, const float* lp1, c
             rc0[k] = born ? g0 : rc0[k];
             rc1[k] = born ? g1 : rc1[k];
             par[k] = born ? wl : par[k];
-            mask[k] = born ? (wmask | ((Mask)1u << (t & (P - 1)))) : mask[k];
+            mask[k] = born ? (wmask | own_bit(t, active)) : mask[k];
             // What a take of the entry would hand out. Keys::score(0) is NaN: a dead entry's keys come out dead
             // (general keys) or unused (a dead entry never wins).
-            const float sc = Keys::score(is_n[k] ? c : key[k]);
+            const float sc = Keys::score(bears(k, active) && is_n[k] ? c : key[k]);
             ck[k] = Keys::key(__fadd_rn(sc, rc0[k]));
             ca[k] = Keys::key(__fadd_rn(sc, rc1[k]));
             nxt[k] = lp_s[min(D[k], K - 1) * Vs + min(rho[k] + 2, Vs - 1)];
-            gl0[k] = lp0[D[k] + 2];         // D <= K <= 64: inside lp0 / lp1's 72 entries
-            gl1[k] = lp1[D[k] + 2];
+            if constexpr (!kLoadRc) {
+                gl0[k] = lp0[D[k] + 2];     // D <= K <= 64: inside lp0 / lp1's 72 entries
+                gl1[k] = lp1[D[k] + 2];
+            }
         }
     };
 
@@ -232,7 +249,7 @@ __device__ __forceinline__ void small_loop(const float* lp0, const float* lp1, c
         uint32_t ballots[SETS] = {};
 #pragma unroll
         for (int k = 0; k < ACTIVE; ++k) {
-            key[k] = is_n[k] ? c : key[k];
+            key[k] = bears(k, active) && is_n[k] ? c : key[k];
             cand[k] = Keys::live(key[k]) && s <= B && key[k] == m;
             ballots[k] = __ballot_sync(kFull, cand[k]);
         }
@@ -252,13 +269,17 @@ __device__ __forceinline__ void small_loop(const float* lp0, const float* lp1, c
         const bool from1 = SETS == 2 && win;
         c = __shfl_sync(kFull, from1 ? ck[SETS - 1] : ck[0], wlane);
         a = __shfl_sync(kFull, from1 ? ca[SETS - 1] : ca[0], wlane);
-        g0 = __shfl_sync(kFull, from1 ? gl0[SETS - 1] : gl0[0], wlane);
-        g1 = __shfl_sync(kFull, from1 ? gl1[SETS - 1] : gl1[0], wlane);
+        if constexpr (ACTIVE == 1) {    // (a step over both sets loads them in the next apply)
+            g0 = __shfl_sync(kFull, gl0[0], wlane);
+            g1 = __shfl_sync(kFull, gl1[0], wlane);
+        }
         wD = __shfl_sync(kFull, from1 ? D[SETS - 1] : D[0], wlane);
-        wmask = __shfl_sync(kFull, from1 ? mask[SETS - 1] : mask[0], wlane);
+        // Over set 0 alone the winner is a set-0 slot, whose ancestors are too: its mask's high word is 0.
+        if constexpr (ACTIVE == 1) wmask = __shfl_sync(kFull, static_cast<uint32_t>(mask[0]), wlane);
+        else wmask = __shfl_sync(kFull, from1 ? mask[SETS - 1] : mask[0], wlane);
         wl = wlane + 32 * win;
 #pragma unroll
-        for (int k = 0; k < SETS; ++k) is_n[k] = 32 * k + lane == s && bal != 0u;
+        for (int k = 0; k < SETS; ++k) is_n[k] = bears(k, active) && 32 * k + lane == s && bal != 0u;
         sp = s;
     };
 
@@ -282,7 +303,7 @@ __device__ __forceinline__ void small_loop(const float* lp0, const float* lp1, c
             for (int u = 0; u < kSmallUnrollTwoSets; ++u) step(s + u, All{});
             if (bal == 0u) break;
         }
-    apply(sp, All{});      // the last step's outcome (a no-op if it took nothing)
+    apply(sp, AnySet{});      // the last step's outcome (a no-op if it took nothing)
     small_finalize<SETS>(D, par, L, mask, lanes_below, g, N, Vs, ids_s, smem_raw, n_nodes, out_parent, out_depth,
                          out_token, out_rank, out_logw, out_first_child, out_next_sibling, out_mask);
 }
