@@ -132,7 +132,7 @@ def small_build(top_logp: np.ndarray, top_ids: np.ndarray, B: int) -> dict:
         lower = (np.uint64(bal) & lanes_below) != 0
         st["is_w"] = cand & ~lower[None, :] & (np.arange(sets) == win)[:, None]
         st["key"] = np.where(st["is_w"], st["adv"], key).astype(np.uint32)
-        wl = (bal & -bal).bit_length() - 1          # __ffs(bal) - 1: -1 when bal == 0
+        wl = (bal & -bal).bit_length() - 1          # 31 - __clz(bal & -bal): -1 when bal == 0
         src = wl % LANES                            # a shuffle from lane -1 reads lane 31
         shuffled = (("c", "ck"), ("a", "ca"), ("wD", "D"), ("wmask", "mask"))
         if one_set:                                 # a step over both sets loads these in the next apply

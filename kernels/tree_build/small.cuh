@@ -265,7 +265,7 @@ __device__ __forceinline__ void small_loop(const float* lp0, const float* lp1, c
             key[k] = ACTIVE == 1 ? select_nonzero(lower, key[k], cand[k] ? adv[k] : key[k]) : is_w[k] ? adv[k] : key[k];
         }
         // The winner hands the newborn (slot s) what it precomputed; applied at the next step.
-        const int wlane = __ffs((int)bal) - 1;
+        const int wlane = 31 - __clz((int)(bal & (0u - bal)));   // the lowest bit's FLO: no BREV on c's chain
         const bool from1 = SETS == 2 && win;
         c = __shfl_sync(kFull, from1 ? ck[SETS - 1] : ck[0], wlane);
         a = __shfl_sync(kFull, from1 ? ca[SETS - 1] : ca[0], wlane);
