@@ -186,7 +186,8 @@ __device__ __forceinline__ void small_loop(const float* lp0, const float* lp1, c
     const auto bears = [](int k, auto active) { return !(decltype(active)::value == 2 && k == 0); };
     // Slot t's own bit in its mask; in a step over both sets t >= 32, so the bit is in the high word.
     const auto own_bit = [](int t, auto active) -> Mask {
-        if constexpr (decltype(active)::value == 2) return static_cast<Mask>(static_cast<unsigned long long>(1u << (t & 31)) << 32);
+        if constexpr (decltype(active)::value == 2)
+            return static_cast<Mask>(static_cast<unsigned long long>(1u << (t & 31)) << 32);
         else return static_cast<Mask>(1u) << (t & (P - 1));
     };
 
@@ -196,8 +197,10 @@ __device__ __forceinline__ void small_loop(const float* lp0, const float* lp1, c
     auto apply = [&](int t, auto active) {
         constexpr int ACTIVE = decltype(active)::value == 0 ? SETS : decltype(active)::value;
         // In a step over both sets (and the last apply) the newborn's rc0, rc1 are one load for every lane at depth
-        // wD + 2, the same values as the winner's gl0, gl1 that a one-set step shuffles: no gl0, gl1 kept there
-        // (wD + 2 <= K + 2, inside lp0 / lp1's 72 entries; wD is -1 before the first take).
+        // wD + 2, the same values as the winner's gl0, gl1 that a one-set step shuffles: no gl0, gl1 kept there, a
+        // two-set step being bound by its issue. The one-set steps keep the shuffles: their chain waits on the
+        // newborn's ck, which the load would delay (the note, "Small path"). wD + 2 <= K + 2, inside lp0 / lp1's 72
+        // entries; wD is -1 before the first take.
         constexpr bool kLoadRc = SETS == 2 && decltype(active)::value != 1;
         if constexpr (kLoadRc) g0 = lp0[wD + 2], g1 = lp1[wD + 2];
 #pragma unroll
