@@ -76,6 +76,15 @@ __device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
     return d;
 }
 
+// if_nonzero where flag != 0, else otherwise, as one setp + selp the compiler cannot fold into what computes flag
+// (it would otherwise merge the select into a predicate combine, one more step on a dependency chain).
+__device__ __forceinline__ uint32_t select_nonzero(uint32_t flag, uint32_t if_nonzero, uint32_t otherwise) {
+    uint32_t out;
+    asm("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %1, 0;\n\tselp.b32 %0, %2, %3, p;\n\t}"
+        : "=r"(out) : "r"(flag), "r"(if_nonzero), "r"(otherwise));
+    return out;
+}
+
 // An empty asm that "changes" a pointer: the compiler must take its value as it is there (it cannot rebuild it
 // from an induction variable that it would then have to advance in every step of a loop).
 template <typename T>

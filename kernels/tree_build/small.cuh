@@ -8,6 +8,7 @@
 
 #include <type_traits>
 
+#include "common/ptx.cuh"
 #include "tree_build/layout.cuh"
 #include "tree_build/stage.cuh"
 
@@ -42,16 +43,6 @@ struct SmallKeys<true> {
     static __device__ __forceinline__ float score(uint32_t k) { return __uint_as_float(~k); }
     static __device__ __forceinline__ bool live(uint32_t k) { return k > kNegInfKey; }
 };
-
-// if_nonzero where flag != 0, else otherwise, as one select the compiler cannot fold into what feeds it. The one-set
-// step takes its winner's key with it: folded, the select waited on a predicate combine after the ballot (the note,
-// "Small path").
-__device__ __forceinline__ uint32_t select_nonzero(uint32_t flag, uint32_t if_nonzero, uint32_t otherwise) {
-    uint32_t out;
-    asm("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %1, 0;\n\tselp.b32 %0, %2, %3, p;\n\t}"
-        : "=r"(out) : "r"(flag), "r"(if_nonzero), "r"(otherwise));
-    return out;
-}
 
 // The ancestor bits of a slot: one word per row for one set, two for two.
 template <int SETS>
@@ -263,9 +254,10 @@ __device__ __forceinline__ void small_loop(const float* lp0, const float* lp1, c
         for (int k = 0; k < ACTIVE; ++k) {
             is_w[k] = cand[k] && lower == 0u && k == win;
             // Entry (w, rho) -> (w, rho + 1), if I am the winner. With one set, a candidate's advanced key is
-            // selected before the ballot, so after the VOTE the chain holds one LOP3 and one select (the note,
-            // "Small path"); with two sets it measured slower.
-            key[k] = ACTIVE == 1 ? select_nonzero(lower, key[k], cand[k] ? adv[k] : key[k]) : is_w[k] ? adv[k] : key[k];
+            // selected before the ballot, so after the VOTE the chain holds one LOP3 and one select the compiler
+            // cannot fold into a predicate combine (the note, "Small path"); with two sets it measured slower.
+            key[k] = ACTIVE == 1 ? kdt::select_nonzero(lower, key[k], cand[k] ? adv[k] : key[k])
+                                 : is_w[k] ? adv[k] : key[k];
         }
         // The winner hands the newborn (slot s) what it precomputed; applied at the next step.
         const int wlane = 31 - __clz((int)(bal & (0u - bal)));   // the lowest bit's FLO: no BREV on c's chain
