@@ -99,7 +99,10 @@ __device__ __forceinline__ void small_finalize(const int (&D)[SETS], const int (
         const int q = 32 * k + lane;
         if (q >= N) continue;
         const bool valid = q <= n;
-        const uint32_t i = (uint32_t)g * (uint32_t)N + (uint32_t)q;   // < 65536 * 64: 32-bit address math
+        // Two sets index in 32 bits (g * N + q < 65536 * 64): fewer address instructions. One set keeps 64: in p1
+        // the 32-bit index moved the loop's scheduling, ~2-3% slower at B = 31 (the note, "Small path").
+        using Index = typename std::conditional<SETS == 2, uint32_t, size_t>::type;
+        const Index i = (Index)g * (Index)N + (Index)q;
         out_parent[i] = born[k] ? par[k] : -1;
         out_depth[i] = valid ? D[k] : -1;
         out_token[i] = born[k] ? ids_s[(D[k] - 1) * Vs + rnk[k]] : -1;
