@@ -63,3 +63,73 @@ def test_packed_arguments_put_each_one_where_its_pointer_says():
     assert len(common._packed_arguments(())[1]) == 1   # the driver reads no parameter, but the array exists
     with pytest.raises(TypeError, match="int16"):
         common._packed_arguments((np.int16(1),))
+
+
+def test_run_plan_overlaps_in_graphs_only_while_the_stream_is_captured(monkeypatch):
+    """A launch that overlaps "in graphs" goes through cuLaunchKernelEx while its stream is being captured and
+    through the plain call otherwise; one that always overlaps does so either way; the stream is asked once a
+    plan, and only when a launch depends on the answer."""
+    from kdt.launch.plan import KernelLaunch, LaunchPlan
+
+    calls, asked = [], []
+    monkeypatch.setattr(common, "kernel_function", lambda module, launch: launch.function)
+    monkeypatch.setattr(common, "_launch_overlapping",
+                        lambda function, launch, args, stream: calls.append((function.name, "overlapping")))
+
+    class Plain:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, grid, block, args, shared_mem, stream):
+            calls.append((self.name, "plain"))
+
+    def plan(*launches):
+        return LaunchPlan("stage", "path", tuple(KernelLaunch(Plain(name), (1, 1, 1), 32, (), **how)
+                                                 for name, how in launches))
+
+    in_graphs = ("first", {"overlaps_previous_in_graphs": True})
+    always = ("second", {"overlaps_previous": True})
+    never = ("third", {})
+    for capturing in (True, False):
+        calls.clear(), asked.clear()
+        monkeypatch.setattr(common, "_is_capturing", lambda stream: asked.append(stream) or capturing)
+        common.run_plan(None, plan(in_graphs, always, never, in_graphs), {}, None, "stream")
+        how = "overlapping" if capturing else "plain"
+        assert calls == [
+            ("first", how), ("second", "overlapping"), ("third", "plain"), ("first", how)]
+        assert asked == ["stream"]
+    asked.clear()
+    common.run_plan(None, plan(always, never), {}, None, "stream")
+    assert asked == []
+
+
+@pytest.mark.gpu
+def test_auto_overlaps_tree_build_in_a_captured_graph_and_not_eagerly(monkeypatch):
+    """The knob's auto on a real stream: tree-build (which overlaps in graphs) goes through cuLaunchKernelEx while
+    captured, and through the plain launch eagerly; the graph's replay gives the eager call's outputs."""
+    import cupy
+
+    from kdt import ops
+
+    overlapped = []
+    real = common._launch_overlapping
+    monkeypatch.setattr(common, "_launch_overlapping",
+                        lambda *args: overlapped.append(args[1].function) or real(*args))
+    rng = np.random.default_rng(3)
+    logp = -np.sort(rng.exponential(1.0, (2, 15, 8)).astype(np.float32), axis=-1)
+    top_logp, top_ids = cupy.asarray(logp), cupy.asarray(rng.integers(0, 1000, logp.shape, dtype=np.int32))
+    eager = ops.tree_build(top_logp, top_ids, 63)
+    out = ops.tree_build(top_logp, top_ids, 63)
+    assert overlapped == []
+    for array in out._asdict().values():   # poisoned: the replay must write every output
+        array.view(cupy.int32).fill(-7)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        ops.tree_build(top_logp, top_ids, 63, out=out)
+        graph = stream.end_capture()
+    assert overlapped == ["kdt_tree_build_p2"]
+    graph.launch(stream)
+    stream.synchronize()
+    for name, array in eager._asdict().items():
+        assert cupy.array_equal(array, getattr(out, name)), name

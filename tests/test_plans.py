@@ -67,21 +67,27 @@ def test_every_bench_shape_and_golden_case_has_a_plan_within_the_arch(kernel, ar
 @pytest.mark.nvcc
 @pytest.mark.parametrize("kernel", stages.names())
 def test_overlap_previous_makes_only_the_first_launch_overlap(kernel, targets):
-    """Every stage has the knob, off by default; on, the plan's first launch overlaps the launch before it and the
-    others keep their launcher's choice (verify-attn's combine overlaps its main kernel either way)."""
+    """Every stage has the knob. Auto (the default): the first launch overlaps the launch before it in captured
+    graphs only, and only where the stage says it measured faster so; true: always; false: never. The launches
+    after the first keep their launcher's choice (verify-attn's combine overlaps its main kernel either way)."""
     spec = stages.get(kernel)
     target = targets(kernel, "sm_90")
+    in_graphs = runtime.launcher(spec).Knobs.overlaps_in_graphs
     for name, inputs, params in _items(spec):
-        plain = ops.plan_for(spec, inputs, params, target)
+        auto = ops.plan_for(spec, inputs, params, target)
+        plain = ops.plan_for(spec, inputs, params, target, {"overlap_previous": "false"})
         overlapping = ops.plan_for(spec, inputs, params, target, {"overlap_previous": "true"})
         if not plain.launches:
-            assert not overlapping.launches, name
+            assert not overlapping.launches and not auto.launches, name
             continue
-        assert not plain.launches[0].overlaps_previous, name
-        assert overlapping.launches[0].overlaps_previous, name
-        assert overlapping.launches[0] == dataclasses.replace(plain.launches[0], overlaps_previous=True), name
-        assert overlapping.launches[1:] == plain.launches[1:], name
-        assert overlapping.rows()[0]["overlaps previous"] and overlapping.knobs.overlap_previous
+        first = plain.launches[0]
+        assert not first.overlaps_previous and not first.overlaps_previous_in_graphs and first.overlap is False, name
+        assert overlapping.launches[0] == dataclasses.replace(first, overlaps_previous=True), name
+        assert overlapping.rows()[0]["overlaps previous"] is True and overlapping.knobs.overlap_previous
+        assert auto.launches[0] == dataclasses.replace(first, overlaps_previous_in_graphs=in_graphs), name
+        assert auto.rows()[0]["overlaps previous"] == ("in graphs" if in_graphs else False), name
+        assert auto.knobs.overlap_previous is None
+        assert overlapping.launches[1:] == plain.launches[1:] == auto.launches[1:], name
 
 
 def _topk(target, rows, vocab, V, dtype="float32", alignment=256, **knobs):

@@ -28,8 +28,10 @@ def command(batch: int = typer.Option(8, "--batch", help="requests decoded toget
                                                              "probability >= P (0 < P <= 1; 1: off)"),
             overlap_previous: bool = typer.Option(False, "--overlap-previous",
                                                   help="GPU: every kdt stage's first launch by programmatic "
-                                                       "dependent launch (the knob overlap_previous), so in the step "
-                                                       "graph its blocks start while the launch before it ends"),
+                                                       "dependent launch (the knob overlap_previous=true), so in the "
+                                                       "step graph its blocks start while the launch before it ends "
+                                                       "(without it, the knob's auto: the stages that measured "
+                                                       "faster so)"),
             json_file: Optional[Path] = typer.Option(None, "--json", help="write every number as JSON"),
             arch: Optional[str] = RunArchOption, sms: Optional[int] = SmsOption):
     """DDTree speculative decoding end to end on a synthetic target/drafter pair, greedy or sampled; exit 1 unless

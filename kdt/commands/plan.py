@@ -52,8 +52,9 @@ def command(kernel: str = typer.Argument(..., help="a kernel name"),
         facts = ", ".join(f"{key} {value}" for key, value in plan.facts)
         for index, row in enumerate(plan.rows() or [None]):
             first = index == 0
+            overlap = {True: "yes", False: ""}.get(row["overlaps previous"], row["overlaps previous"]) if row else ""
             cells = ([row["function"], row["grid"], str(row["block"]), str(row["cluster"]), str(row["blocks/SM"]),
-                      str(row["dynamic smem B"]), "yes" if row["overlaps previous"] else ""] if row else ["-"] * 7)
+                      str(row["dynamic smem B"]), overlap] if row else ["-"] * 7)
             table.add_row(name if first else "", plan.path if first else "", *cells,
                           str(plan.workspace_bytes) if first else "", facts if first else "")
     out = Report("plan", output)

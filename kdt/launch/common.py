@@ -43,6 +43,7 @@ def run_plan(module, plan: LaunchPlan, arrays: Mapping[str, object], workspace, 
     """Launch every kernel of `plan` on `stream`, its array arguments taken from `arrays` (inputs and outputs by
     name, CuPy) and `workspace` (a CuPy uint8 array of at least plan.workspace_bytes, or None when it needs none).
     No allocation, no synchronisation, no host read of device data: capturable in a CUDA graph."""
+    capturing = None   # asked of the stream once, and only by a launch that overlaps in graphs alone
     for launch in plan.launches:
         # a workspace pointer goes as its 8 bytes, as NULL does: what a slice of the workspace would pass, without
         # building a CuPy array for it
@@ -50,10 +51,24 @@ def run_plan(module, plan: LaunchPlan, arrays: Mapping[str, object], workspace, 
                       np.uint64(workspace.data.ptr + arg.offset) if isinstance(arg, Workspace) else arg
                       for arg in launch.args])
         function = kernel_function(module, launch)
-        if launch.overlaps_previous:
+        overlaps = launch.overlaps_previous
+        if launch.overlaps_previous_in_graphs and not overlaps:
+            capturing = _is_capturing(stream) if capturing is None else capturing
+            overlaps = capturing
+        if overlaps:
             _launch_overlapping(function, launch, args, stream)
         else:
             function(launch.grid, (launch.block, 1, 1), args, shared_mem=launch.dynamic_smem, stream=stream)
+
+
+CAPTURE_STATUS_ACTIVE = 1                     # cudaStreamCaptureStatus
+
+
+def _is_capturing(stream) -> bool:
+    """Whether `stream` (anything with the stream's handle as .ptr) is being captured into a CUDA graph now."""
+    import cupy
+
+    return cupy.cuda.runtime.streamIsCapturing(stream.ptr) == CAPTURE_STATUS_ACTIVE
 
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6         # CUlaunchAttributeID (cuda.h)

@@ -17,7 +17,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import ClassVar, Mapping
 
 import numpy as np
 
@@ -85,6 +85,16 @@ class KernelLaunch:
     overlaps_previous: bool = False   # programmatic dependent launch: its blocks may start while the launch before
                                       # it in the stream ends; the kernel waits (griddepcontrol.wait) before it
                                       # reads what that launch wrote
+    overlaps_previous_in_graphs: bool = False   # the same, only while the stream is being captured into a CUDA
+                                                # graph (run_plan asks the stream): a replay pays no host time for
+                                                # it, an eager call keeps the plain launch
+
+    @property
+    def overlap(self) -> bool | str:
+        """How the launch overlaps the one before it: True, False or "in graphs" (printed by `kdt plan`)."""
+        if self.overlaps_previous_in_graphs and not self.overlaps_previous:
+            return "in graphs"
+        return self.overlaps_previous
 
     @property
     def blocks(self) -> int:
@@ -111,19 +121,21 @@ class LaunchPlan:
     def fact(self, name: str):
         return dict(self.facts)[name]
 
-    def overlapping_previous(self) -> LaunchPlan:
+    def overlapping_previous(self, in_graphs: bool = False) -> LaunchPlan:
         """This plan with its first launch overlapping the launch before it in the stream (the knob
-        `overlap_previous`); the launches after it keep what their launcher chose."""
+        `overlap_previous`), always or (`in_graphs`) while the stream is captured; the launches after it keep what
+        their launcher chose."""
         if not self.launches:
             return self
-        first = dataclasses.replace(self.launches[0], overlaps_previous=True)
+        first = dataclasses.replace(self.launches[0], **{"overlaps_previous_in_graphs" if in_graphs
+                                                         else "overlaps_previous": True})
         return dataclasses.replace(self, launches=(first, *self.launches[1:]))
 
     def rows(self) -> list[dict]:
         """One printable dict per launch."""
         return [{"function": k.function, "grid": "x".join(map(str, k.grid)), "block": k.block,
                  "cluster": k.cluster, "blocks/SM": k.blocks_per_sm, "dynamic smem B": k.dynamic_smem,
-                 "overlaps previous": k.overlaps_previous, "args": ", ".join(_describe(arg) for arg in k.args)}
+                 "overlaps previous": k.overlap, "args": ", ".join(_describe(arg) for arg in k.args)}
                 for k in self.launches]
 
     def as_json(self) -> dict:
@@ -132,7 +144,7 @@ class LaunchPlan:
                 "knobs": dataclasses.asdict(self.knobs) if self.knobs is not None else {},
                 "launches": [{"function": k.function, "grid": list(k.grid), "block": k.block, "cluster": k.cluster,
                               "blocks_per_sm": k.blocks_per_sm, "dynamic_smem": k.dynamic_smem,
-                              "overlaps_previous": k.overlaps_previous, "args": [_describe(arg) for arg in k.args]}
+                              "overlaps_previous": k.overlap, "args": [_describe(arg) for arg in k.args]}
                              for k in self.launches]}
 
 
@@ -169,10 +181,16 @@ def knob(default, help: str):
 class LaunchKnobs:
     """The knobs every stage has: each launcher's Knobs derives from this, and kdt.ops applies them to its plan."""
 
-    overlap_previous: bool = knob(False, "the plan's first kernel by programmatic dependent launch: its blocks start "
-                                         "while the launch before it in the stream ends, and wait for that launch "
-                                         "before touching memory (every kdt entry point waits, then lets the next "
-                                         "launch in)")
+    # What auto means for the stage: whether its first launch overlaps the one before it in captured graphs, as
+    # measured per stage (plans/perf-notes.md, "Thirtieth session"); a launcher's Knobs sets it.
+    overlaps_in_graphs: ClassVar[bool] = False
+
+    overlap_previous: bool | None = knob(
+        None, "the plan's first kernel by programmatic dependent launch: its blocks start while the launch before it "
+              "in the stream ends, and wait for that launch before touching memory (every kdt entry point waits, "
+              "then lets the next launch in). None (auto): only while the stream is captured into a CUDA graph, and "
+              "only for a stage that measured faster so (`kdt plan` prints 'in graphs'); eager calls keep the "
+              "plain launch, which costs less host time")
 
 
 def make_knobs(knobs_type, overrides: Mapping[str, object] | None, argument: str = "knobs"):

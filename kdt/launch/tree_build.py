@@ -33,6 +33,7 @@ SELECT_MAX_POOL = 4096
 
 @dataclass(frozen=True)
 class Knobs(LaunchKnobs):
+    overlaps_in_graphs = True   # auto: overlapped in captured graphs, 0.89-0.99 of the plain launch (thirtieth session)
     select_min_budget: int | None = knob(None, "the smallest budget offered the select path (None: the kernel's "
                                                "kdt_tree_build_select_min_budget; 1 forces it, 1024 never)")
     select_estimate_min_budget: int | None = knob(

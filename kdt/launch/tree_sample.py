@@ -30,6 +30,7 @@ SAMPLING = ("temperature", "top_k", "top_p", "seed", "position")
 
 @dataclass(frozen=True)
 class Knobs(LaunchKnobs):
+    overlaps_in_graphs = True   # auto: overlapped in captured graphs, 0.96-1.00 of the plain launch (thirtieth session)
     every_slot_blocks_per_sm: int = knob(4, "draw every slot at once when its G * N clusters need at most this many "
                                             "blocks per multiprocessor (0: always walk)")
     six_block_waves: int = knob(2, "the every-slot path in clusters of six blocks, one a multiprocessor "

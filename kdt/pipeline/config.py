@@ -32,7 +32,7 @@ class PipelineConfig:
     temperature: float = 0.0   # 0: greedy (tree-accept); > 0: sampling (tree-sample)
     top_k: int = 0             # sampling: keep the top_k most probable tokens; 0: off
     top_p: float = 1.0         # sampling: keep the smallest set of probability >= top_p; 1: off
-    overlap_previous: bool = False  # GPU: every kdt stage's first launch by programmatic dependent launch (the knob)
+    overlap_previous: bool = False  # GPU: every stage's first launch by programmatic dependent launch (else: auto)
 
     @property
     def knobs(self) -> dict:
