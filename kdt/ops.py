@@ -15,7 +15,7 @@ Host time: an eager call checks its arrays and launches from Python, ~17-100 us 
 CUDA graphs: with `out=` and `workspace=` a launch allocates nothing; it never synchronises or reads device memory
 on the host, so it can be captured. The first call of a stage builds or loads its module: make it once before
 capturing. Kernels that use a workspace must not run concurrently on two streams with the same workspace. Captured,
-a stage that measured faster so launches by programmatic dependent launch (the knob `overlap_previous`, auto): its
+a plan that measured faster so launches by programmatic dependent launch (the knob `overlap_previous`, auto): its
 blocks start while the launch before it ends and wait for it before touching memory.
 """
 
@@ -154,9 +154,7 @@ def _checked_plan(spec: StageSpec, inputs: Mapping[str, ArraySpec], params: Mapp
     launcher = runtime.launcher(spec)
     made = make_knobs(launcher.Knobs, knobs)
     plan = launcher.plan(dict(inputs), dict(params), target, made)
-    if made.overlap_previous is None:   # auto: the stage's measured choice, in captured graphs only
-        return plan.overlapping_previous(in_graphs=True) if made.overlaps_in_graphs else plan
-    return plan.overlapping_previous() if made.overlap_previous else plan
+    return plan if made.overlap_previous is None else plan.with_first_overlap(made.overlap_previous)
 
 
 @functools.lru_cache(maxsize=4096)

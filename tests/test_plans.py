@@ -12,7 +12,7 @@ import pytest
 from kdt import build, golden, ops, runtime, stages
 from kdt.dtypes import name as dtype_name
 from kdt.launch import topk as topk_launcher
-from kdt.launch.plan import ArraySpec, Target, make_knobs, parse_knob_options
+from kdt.launch.plan import IN_GRAPHS, ArraySpec, Target, make_knobs, parse_knob_options
 from kdt.refs.errors import BadInput
 
 pytestmark = pytest.mark.compile   # plans are made from the real cubins' constants
@@ -67,12 +67,11 @@ def test_every_bench_shape_and_golden_case_has_a_plan_within_the_arch(kernel, ar
 @pytest.mark.nvcc
 @pytest.mark.parametrize("kernel", stages.names())
 def test_overlap_previous_makes_only_the_first_launch_overlap(kernel, targets):
-    """Every stage has the knob. Auto (the default): the first launch overlaps the launch before it in captured
-    graphs only, and only where the stage says it measured faster so; true: always; false: never. The launches
-    after the first keep their launcher's choice (verify-attn's combine overlaps its main kernel either way)."""
+    """Every stage has the knob. Auto (the default) keeps the launcher's choice, which may overlap the first launch
+    in captured graphs only, never always; true overlaps it always, false never. The launches after the first keep
+    their launcher's choice (verify-attn's combine overlaps its main kernel either way)."""
     spec = stages.get(kernel)
     target = targets(kernel, "sm_90")
-    in_graphs = runtime.launcher(spec).Knobs.overlaps_in_graphs
     for name, inputs, params in _items(spec):
         auto = ops.plan_for(spec, inputs, params, target)
         plain = ops.plan_for(spec, inputs, params, target, {"overlap_previous": "false"})
@@ -84,10 +83,28 @@ def test_overlap_previous_makes_only_the_first_launch_overlap(kernel, targets):
         assert not first.overlaps_previous and not first.overlaps_previous_in_graphs and first.overlap is False, name
         assert overlapping.launches[0] == dataclasses.replace(first, overlaps_previous=True), name
         assert overlapping.rows()[0]["overlaps previous"] is True and overlapping.knobs.overlap_previous
+        in_graphs = auto.launches[0].overlaps_previous_in_graphs
         assert auto.launches[0] == dataclasses.replace(first, overlaps_previous_in_graphs=in_graphs), name
         assert auto.rows()[0]["overlaps previous"] == ("in graphs" if in_graphs else False), name
         assert auto.knobs.overlap_previous is None
         assert overlapping.launches[1:] == plain.launches[1:] == auto.launches[1:], name
+
+
+@pytest.mark.nvcc
+def test_auto_overlaps_in_graphs_where_it_measured_faster(targets):
+    """The launchers' choices for the knob's auto (plans/perf-notes.md, "Thirtieth session"): tree-build,
+    tree-sample and tree-accept overlap every plan in graphs; topk only a launch whose blocks fit one wave (two
+    waves of clusters measured slower); verify-attn never."""
+    for kernel, expect in (("tree-build", True), ("tree-sample", True), ("tree-accept", True),
+                           ("verify-attn", False)):
+        spec = stages.get(kernel)
+        for name, inputs, params in _items(spec):
+            plan = ops.plan_for(spec, inputs, params, targets(kernel, "sm_90"))
+            assert not plan.launches or plan.launches[0].overlap == (IN_GRAPHS if expect else False), (kernel, name)
+    target = targets("topk", "sm_90")
+    for rows, vocab, overlap in ((15, 163840, IN_GRAPHS), (28, 262144, False), (960, 32000, False)):
+        first = _topk(target, rows, vocab, 8, "bfloat16").launches[0]
+        assert first.overlap == overlap, (rows, vocab, first.function, first.blocks, target.multiprocessors)
 
 
 def _topk(target, rows, vocab, V, dtype="float32", alignment=256, **knobs):

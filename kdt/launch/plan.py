@@ -17,13 +17,14 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import ClassVar, Mapping
+from typing import Mapping
 
 import numpy as np
 
 from kdt.refs.errors import BadInput
 
 NULL = np.uint64(0)   # a null pointer argument (a buffer the launch never touches)
+IN_GRAPHS = "in graphs"   # a launch that overlaps the one before it only while its stream is captured (KernelLaunch)
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class KernelLaunch:
     def overlap(self) -> bool | str:
         """How the launch overlaps the one before it: True, False or "in graphs" (printed by `kdt plan`)."""
         if self.overlaps_previous_in_graphs and not self.overlaps_previous:
-            return "in graphs"
+            return IN_GRAPHS
         return self.overlaps_previous
 
     @property
@@ -121,14 +122,14 @@ class LaunchPlan:
     def fact(self, name: str):
         return dict(self.facts)[name]
 
-    def overlapping_previous(self, in_graphs: bool = False) -> LaunchPlan:
-        """This plan with its first launch overlapping the launch before it in the stream (the knob
-        `overlap_previous`), always or (`in_graphs`) while the stream is captured; the launches after it keep what
-        their launcher chose."""
+    def with_first_overlap(self, overlap: bool | str) -> LaunchPlan:
+        """This plan with its first launch overlapping the launch before it in the stream: True always, IN_GRAPHS
+        while the stream is being captured, False never (the knob `overlap_previous`, or a launcher's choice); the
+        launches after it keep what their launcher chose."""
         if not self.launches:
             return self
-        first = dataclasses.replace(self.launches[0], **{"overlaps_previous_in_graphs" if in_graphs
-                                                         else "overlaps_previous": True})
+        first = dataclasses.replace(self.launches[0], overlaps_previous=overlap is True,
+                                    overlaps_previous_in_graphs=overlap == IN_GRAPHS)
         return dataclasses.replace(self, launches=(first, *self.launches[1:]))
 
     def rows(self) -> list[dict]:
@@ -181,16 +182,12 @@ def knob(default, help: str):
 class LaunchKnobs:
     """The knobs every stage has: each launcher's Knobs derives from this, and kdt.ops applies them to its plan."""
 
-    # What auto means for the stage: whether its first launch overlaps the one before it in captured graphs, as
-    # measured per stage (plans/perf-notes.md, "Thirtieth session"); a launcher's Knobs sets it.
-    overlaps_in_graphs: ClassVar[bool] = False
-
     overlap_previous: bool | None = knob(
         None, "the plan's first kernel by programmatic dependent launch: its blocks start while the launch before it "
               "in the stream ends, and wait for that launch before touching memory (every kdt entry point waits, "
-              "then lets the next launch in). None (auto): only while the stream is captured into a CUDA graph, and "
-              "only for a stage that measured faster so (`kdt plan` prints 'in graphs'); eager calls keep the "
-              "plain launch, which costs less host time")
+              "then lets the next launch in). None (auto): the launcher's choice, which is to overlap only while the "
+              "stream is captured into a CUDA graph (eager calls keep the plain launch, which costs less host time) "
+              "and only where it measured faster so: `kdt plan` prints 'in graphs' there")
 
 
 def make_knobs(knobs_type, overrides: Mapping[str, object] | None, argument: str = "knobs"):

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchKnobs, LaunchPlan, NULL, Target, Workspace, cdiv, knob
+from kdt.launch.plan import (IN_GRAPHS, NULL, ArraySpec, KernelLaunch, LaunchKnobs, LaunchPlan, Target, Workspace,
+                             cdiv, knob)
 
 import numpy as np
 
@@ -45,7 +46,6 @@ RESIDENT_SHAPES = ("wide", "narrow")
 
 @dataclass(frozen=True)
 class Knobs(LaunchKnobs):
-    # auto stays plain: overlapped in graphs, G1 0.90-0.95 but G4 vocab 262144 1.12 (thirtieth session)
     blocks_per_sm: int = knob(3, "small path: resident blocks per SM the split aims for (256 threads, <= 80 "
                                  "registers; 74 KB smem on sm_90, 30 KB on sm_120)")
     many_rows_waves: int = knob(2, "small path, rows >= one wave of blocks: waves of blocks in all (swept on the "
@@ -121,6 +121,17 @@ def _align256(n: int) -> int:
 
 
 def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knobs) -> LaunchPlan:
+    made = _plan(inputs, params, target, knobs)
+    # The knob overlap_previous's auto: in captured graphs the launch overlaps the one before it where its blocks fit
+    # one wave: G1 0.90-0.95 of the plain launch, the gate path 0.99-1.00, but G4 vocab 262144's two waves of
+    # clusters 1.12 (H200, plans/perf-notes.md, "Thirtieth session").
+    first = made.launches[0] if made.launches else None
+    if first is not None and first.blocks <= first.blocks_per_sm * target.multiprocessors:
+        return made.with_first_overlap(IN_GRAPHS)
+    return made
+
+
+def _plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knobs) -> LaunchPlan:
     logits = inputs["logits"]
     groups, depth, vocab = logits.shape
     V = int(params["k"])

@@ -18,11 +18,13 @@ PREFIX = "kdt_tree_accept_"
 MAX_BLOCKS = 2**31 - 1
 OUTPUTS = ("accept_len", "accept_index", "accept_tokens")
 TREE = ("token", "first_child", "next_sibling")
+# The knob overlap_previous's auto: the launch overlaps the one before it in captured graphs, 0.89-0.97 of the plain
+# launch where the bench times graphs (H200, plans/perf-notes.md, "Thirtieth session").
+OVERLAP_IN_GRAPHS = True
 
 
 @dataclass(frozen=True)
 class Knobs(LaunchKnobs):
-    overlaps_in_graphs = True   # auto: overlapped in captured graphs, 0.89-0.97 of the plain launch (thirtieth session)
     splits: int | None = knob(None, "fused argmax: vocabulary splits per row; None: enough blocks for two full "
                                     "waves, no split under split_min_vectors 16-byte vectors")
 
@@ -44,7 +46,8 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     if "target_predict" in inputs:
         warps = target.constant(PREFIX + "walk_warps")
         launch = KernelLaunch("tree_accept_from_predict", (cdiv(groups, warps), 1, 1), 32 * warps,
-                              (*TREE, "target_predict", np.int32(groups), np.int32(slots), np.int32(depth), *OUTPUTS))
+                              (*TREE, "target_predict", np.int32(groups), np.int32(slots), np.int32(depth), *OUTPUTS),
+                              overlaps_previous_in_graphs=OVERLAP_IN_GRAPHS)
         return LaunchPlan("tree-accept", "predictions", (launch,), knobs=knobs)
     logits = inputs["target_logits"]
     vocab = logits.shape[2]
@@ -53,6 +56,7 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     splits = vocab_splits(rows, vocab, 2 if bf16 else 4, target, knobs)
     launch = KernelLaunch("tree_accept_from_logits", (rows * splits, 1, 1), target.constant(PREFIX + "argmax_threads"),
                           ("target_logits", np.int32(1 if bf16 else 0), np.int32(vocab), np.int32(splits), *TREE,
-                           np.int32(groups), np.int32(slots), np.int32(depth), Workspace(), *OUTPUTS))
+                           np.int32(groups), np.int32(slots), np.int32(depth), Workspace(), *OUTPUTS),
+                          overlaps_previous_in_graphs=OVERLAP_IN_GRAPHS)
     return LaunchPlan("tree-accept", "fused argmax + walk", (launch,), groups * slots * 8 + groups * 4,
                       (("vocab splits", splits),), knobs)

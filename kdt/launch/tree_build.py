@@ -33,7 +33,6 @@ SELECT_MAX_POOL = 4096
 
 @dataclass(frozen=True)
 class Knobs(LaunchKnobs):
-    overlaps_in_graphs = True   # auto: overlapped in captured graphs, 0.89-0.99 of the plain launch (thirtieth session)
     select_min_budget: int | None = knob(None, "the smallest budget offered the select path (None: the kernel's "
                                                "kdt_tree_build_select_min_budget; 1 forces it, 1024 never)")
     select_estimate_min_budget: int | None = knob(
@@ -97,6 +96,10 @@ def smem_layout(depth: int, fanout: int, budget: int, target: Target, knobs: Kno
     return SmemLayout(npl, staged, pool, ranked, fixed + max(build, tiles))
 
 
+# The knob overlap_previous's auto: the launch overlaps the one before it in captured graphs, 0.85-0.99 of the plain
+# launch on every bench shape (H200, plans/perf-notes.md, "Thirtieth session").
+OVERLAP_IN_GRAPHS = True
+
 OUTPUTS = ("n_nodes", "parent", "depth", "token", "rank", "logw", "first_child", "next_sibling", "mask")
 
 
@@ -127,7 +130,7 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
                           ("top_logp", "top_ids", np.int32(depth), np.int32(fanout), np.int32(budget),
                            np.int32(layout.staged), np.int32(layout.pool), np.int32(layout.ranked),
                            np.int32(estimate), *OUTPUTS),
-                          layout.bytes)
+                          layout.bytes, overlaps_previous_in_graphs=OVERLAP_IN_GRAPHS)
     facts = (("slots per lane", layout.slots_per_lane), ("staged ranks", layout.staged),
              ("select pool", layout.pool), ("select ranked", layout.ranked),
              ("threshold estimated", "yes" if estimate else "no"))

@@ -25,12 +25,14 @@ from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchKnobs, LaunchPlan, Ta
 from kdt.launch.tree_accept import OUTPUTS
 
 PREFIX = "kdt_tree_sample_"
+# The knob overlap_previous's auto: the launch overlaps the one before it in captured graphs, 0.96-1.00 of the plain
+# launch on the tp8 set (H200, plans/perf-notes.md, "Thirtieth session").
+OVERLAP_IN_GRAPHS = True
 SAMPLING = ("temperature", "top_k", "top_p", "seed", "position")
 
 
 @dataclass(frozen=True)
 class Knobs(LaunchKnobs):
-    overlaps_in_graphs = True   # auto: overlapped in captured graphs, 0.96-1.00 of the plain launch (thirtieth session)
     every_slot_blocks_per_sm: int = knob(4, "draw every slot at once when its G * N clusters need at most this many "
                                             "blocks per multiprocessor (0: always walk)")
     six_block_waves: int = knob(2, "the every-slot path in clusters of six blocks, one a multiprocessor "
@@ -55,7 +57,8 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     tree = (np.int32(slots), np.int32(int(params["max_depth"])), *SAMPLING)
     if not every_slot(groups, slots, target, knobs):
         walk = KernelLaunch("kdt_tree_sample_walk", (groups * eight, 1, 1), threads,
-                            (*row, "token", "first_child", "next_sibling", *tree, *OUTPUTS), cluster=eight)
+                            (*row, "token", "first_child", "next_sibling", *tree, *OUTPUTS), cluster=eight,
+                            overlaps_previous_in_graphs=OVERLAP_IN_GRAPHS)
         return LaunchPlan("tree-sample", "walk: one cluster per request draws the slots it visits", (walk,),
                           facts=(("blocks per draw", eight),), knobs=knobs)
     draws = groups * slots * 8  # one 64-bit entry per slot
@@ -66,7 +69,8 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
         function, cluster, per_sm = "kdt_tree_sample_slots", eight, target.constant(PREFIX + "slots_blocks_per_sm")
     launch = KernelLaunch(function, (groups * slots * cluster, 1, 1), threads,
                           (*row, "token", "first_child", "next_sibling", *tree, Workspace(0), Workspace(draws),
-                           *OUTPUTS), cluster=cluster, blocks_per_sm=per_sm)
+                           *OUTPUTS), cluster=cluster, blocks_per_sm=per_sm,
+                          overlaps_previous_in_graphs=OVERLAP_IN_GRAPHS)
     return LaunchPlan("tree-sample", "every slot: all reachable slots drawn at once, the last walks", (launch,),
                       workspace_bytes=draws + groups * 4,
                       facts=(("blocks per draw", cluster), ("rows drawn at once", groups * slots)), knobs=knobs)

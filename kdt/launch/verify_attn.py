@@ -33,7 +33,6 @@ COMBINE = "kdt_verify_attn_combine"
 
 @dataclass(frozen=True)
 class Knobs(LaunchKnobs):
-    # auto stays plain: overlapped in graphs, 0.97-1.06 by shape (twentieth session)
     min_tiles_per_split: int = knob(3, "a split streams at least this many key tiles of kdt_verify_attn_kv_tile "
                                        "keys (3 pages on sm_90a, 48 keys on the sm_120 configuration): it "
                                        "amortises its Q load and its partial write")
