@@ -92,6 +92,8 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     else:
         part_o = part_lse = NULL      # not touched when splits == 1
         workspace = 0
+    # plain in captured graphs too (the knob overlap_previous's auto): overlapped, the tp8 set ran 0.97-1.06 by shape
+    # (H200, plans/perf-notes.md, "Programmatic dependent launch")
     fwd = KernelLaunch(FWD, (tiles * values, groups, splits), c("threads"),
                        ("q", "kv_cache", "block_table", "prefix_len", "kv_tree", "mask", "n_nodes",
                         np.int32(groups), np.int32(slots), np.int32(heads), np.int32(max_pages), np.int32(words),
