@@ -417,6 +417,7 @@ def stand_in_gpu(monkeypatch, targets) -> list:
     """kdt.ops on _DeviceArrays with sm_90's plans: the eager path's checks, keys and caches without a GPU. Returns
     the names of the functions launched, in order."""
     launched = []
+    stream = types.SimpleNamespace(is_capturing=lambda: False)   # eager calls: never captured here
 
     def get_function(name):
         def function(grid, block, args, shared_mem=0, stream=None):
@@ -427,7 +428,7 @@ def stand_in_gpu(monkeypatch, targets) -> list:
 
     cp = types.SimpleNamespace(ndarray=_DeviceArray, uint8=np.uint8, uint16=np.uint16, empty=_DeviceArray,
                                zeros=lambda n, dtype: _DeviceArray((n,), dtype),   # a plan's workspace
-                               cuda=types.SimpleNamespace(get_device_id=lambda: 0, get_current_stream=lambda: None))
+                               cuda=types.SimpleNamespace(get_device_id=lambda: 0, get_current_stream=lambda: stream))
     monkeypatch.setattr(runtime, "cupy", lambda: cp)
     monkeypatch.setattr(runtime, "target", lambda kernel: targets(kernel, "sm_90"))
     monkeypatch.setattr(runtime, "load", lambda kernel: types.SimpleNamespace(get_function=get_function))

@@ -61,14 +61,9 @@ def run_plan(module, plan: LaunchPlan, arrays: Mapping[str, object], workspace, 
             function(launch.grid, (launch.block, 1, 1), args, shared_mem=launch.dynamic_smem, stream=stream)
 
 
-CAPTURE_STATUS_ACTIVE = 1                     # cudaStreamCaptureStatus
-
-
 def _is_capturing(stream) -> bool:
-    """Whether `stream` (anything with the stream's handle as .ptr) is being captured into a CUDA graph now."""
-    import cupy
-
-    return cupy.cuda.runtime.streamIsCapturing(stream.ptr) == CAPTURE_STATUS_ACTIVE
+    """Whether `stream` (a CuPy stream) is being captured into a CUDA graph now."""
+    return stream.is_capturing()
 
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6         # CUlaunchAttributeID (cuda.h)
