@@ -90,16 +90,23 @@ def test_run_plan_overlaps_in_graphs_only_while_the_stream_is_captured(monkeypat
     in_graphs = ("first", {"overlaps_previous_in_graphs": True})
     always = ("second", {"overlaps_previous": True})
     never = ("third", {})
+    class Stream:
+        def __init__(self, capturing):
+            self.capturing = capturing
+
+        def is_capturing(self):
+            asked.append("stream")
+            return self.capturing
+
     for capturing in (True, False):
         calls.clear(), asked.clear()
-        monkeypatch.setattr(common, "_is_capturing", lambda stream: asked.append(stream) or capturing)
-        common.run_plan(None, plan(in_graphs, always, never, in_graphs), {}, None, "stream")
+        common.run_plan(None, plan(in_graphs, always, never, in_graphs), {}, None, Stream(capturing))
         how = "overlapping" if capturing else "plain"
         assert calls == [
             ("first", how), ("second", "overlapping"), ("third", "plain"), ("first", how)]
         assert asked == ["stream"]
     asked.clear()
-    common.run_plan(None, plan(always, never), {}, None, "stream")
+    common.run_plan(None, plan(always, never), {}, None, Stream(True))
     assert asked == []
 
 

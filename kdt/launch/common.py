@@ -53,17 +53,12 @@ def run_plan(module, plan: LaunchPlan, arrays: Mapping[str, object], workspace, 
         function = kernel_function(module, launch)
         overlaps = launch.overlaps_previous
         if launch.overlaps_previous_in_graphs and not overlaps:
-            capturing = _is_capturing(stream) if capturing is None else capturing
+            capturing = stream.is_capturing() if capturing is None else capturing   # a CuPy stream
             overlaps = capturing
         if overlaps:
             _launch_overlapping(function, launch, args, stream)
         else:
             function(launch.grid, (launch.block, 1, 1), args, shared_mem=launch.dynamic_smem, stream=stream)
-
-
-def _is_capturing(stream) -> bool:
-    """Whether `stream` (a CuPy stream) is being captured into a CUDA graph now."""
-    return stream.is_capturing()
 
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6         # CUlaunchAttributeID (cuda.h)
