@@ -108,7 +108,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
 extern "C" __global__ void __launch_bounds__(va::COMBINE_GROUP_THREADS * va::COMBINE_MAX_GROUPS, 2)
     kdt_verify_attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_lse,
                             const int* __restrict__ n_nodes, int G, int N, int H, int num_splits, int Rpad,
-                            int out_bf16, void* __restrict__ out, float* __restrict__ lse) {
+                            int discard_partials, int out_bf16, void* __restrict__ out, float* __restrict__ lse) {
     using namespace va;
     __shared__ float4 group_sum[COMBINE_MAX_GROUPS - 1][COMBINE_GROUP_THREADS];
     const int lane = threadIdx.x & 31;
@@ -179,6 +179,17 @@ extern "C" __global__ void __launch_bounds__(va::COMBINE_GROUP_THREADS * va::COM
                 }
             }
             lse_out = mx + logf(den);
+            // read for the last time: dropped from L2 unwritten (the plan's choice where the call streams more
+            // keys than L2 holds, so the dirty partials would be evicted to DRAM before the next call writes them)
+            if (discard_partials && in_group % (128 / sizeof(float4)) == 0) {
+                for (int s0 = 0; s0 < num_splits; s0 += 32) {
+                    const int count = min(32, num_splits - s0);
+                    for (int j = group * COMBINE_UNROLL; j < count; j += groups * COMBINE_UNROLL)
+#pragma unroll
+                        for (int u = 0; u < COMBINE_UNROLL; ++u)
+                            if (j + u < count) kdt::discard_l2_line(src + (s0 + j + u) * src_stride);
+                }
+            }
         }
     }
     if (groups > 1) {                                             // the same for the whole block

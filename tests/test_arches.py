@@ -78,7 +78,7 @@ extern "C" __global__ void kdt_verify_attn_fwd(const void*, const void*, const i
                                                int, float* out, float*, float*, float*) {
     extern __shared__ float s[]; s[threadIdx.x] = 1.f; out[threadIdx.x] = s[255 - threadIdx.x]; }
 extern "C" __global__ void kdt_verify_attn_combine(const float*, const float*, const int*, int, int, int, int, int,
-                                                   int, float* out, float*) { out[threadIdx.x] = 0.f; }
+                                                   int, int, float* out, float*) { out[threadIdx.x] = 0.f; }
 """
 
 

@@ -305,6 +305,14 @@ def test_verify_attn_splits_fill_the_gpu_from_shapes_alone(targets):
     assert plan(1, 8, 16, 8192, arch="sm_90a").fact("value split") == 1     # 2 x 43 x 2 = 172 > 132
     assert plan(1, 8, 8, 1024, arch="sm_90a", split_values=0.0).fact("value split") == 1
     assert plan(1, 8, 8, 1024, arch="sm_90a", splits=1).launches[0].grid == (2, 1, 1)
+    # the combine discards the partials it read from L2 where the call's keys overflow discard_partials_mb (50):
+    # 4 x 32,776 keys x 1,152 B = 151 MB do, 1 x 32,776 x 1,152 B = 37.8 MB do not
+    discard = lambda made: int(made.launches[1].args[8])
+    assert discard(plan(4, 8, 8, 32768)) == 1 and plan(4, 8, 8, 32768).fact("partials discarded") is True
+    assert discard(plan(16, 8, 8, 8192)) == 1 and discard(plan(1, 8, 16, 32768)) == 0
+    assert discard(plan(1, 8, 16, 32768, discard_partials_mb=0)) == 1
+    assert discard(plan(4, 8, 8, 32768, discard_partials_mb=1000)) == 0
+    assert plan(1, 64, 256, 32768).fact("partials discarded") is False      # no split, no combine
 
 
 @pytest.mark.nvcc

@@ -3,7 +3,8 @@
   kdt_verify_attn_fwd      grid (ceil(N*H/rows) * value_split, G, splits), 256 threads, kdt_verify_attn_smem_bytes of
                            dynamic smem (rows = kdt_verify_attn_rows: 64, or 32 on the sm_120 configuration)
   kdt_verify_attn_combine  grid (N*H, G), combine_group_threads threads a group, one group per combine_unroll splits
-                           (at most combine_max_groups); only when splits > 1
+                           (at most combine_max_groups); only when splits > 1; discards the partials it read from
+                           L2 where the call's keys overflow it (`discard_partials`)
 
 Split (flash-decoding): when G * ceil(N*H/rows) CTAs cannot fill the GPU, the key tiles of each request are split
 over `splits` CTAs (grid z) that write normalised partials and their lse to the workspace, and the combine kernel
@@ -46,6 +47,10 @@ class Knobs(LaunchKnobs):
                                 "costs more than the shorter mainloop gains")
     split_values: float = knob(1.0, "split each query tile's value columns over two CTAs (sm_90a) where the "
                                     "doubled grid fills at most this fraction of the SMs; 0: never")
+    discard_partials_mb: float = knob(50.0, "the combine drops the partials it has read from L2 unwritten where "
+                                            "the call streams more than this many MB of keys (the H200's L2: "
+                                            "its dirty partials would be written back to DRAM before the next "
+                                            "call); 0: always")
 
 
 def num_splits(groups: int, slots: int, heads: int, max_pages: int, target: Target, knobs: Knobs) -> int:
@@ -70,6 +75,16 @@ def value_split(ctas: int, target: Target, knobs: Knobs) -> int:
     grid of `ctas` CTAs that many times over fills at most split_values of the SMs, else 1."""
     most = target.constant("kdt_verify_attn_value_split_max")
     return most if most > 1 and ctas * most <= knobs.split_values * target.multiprocessors else 1
+
+
+def discard_partials(groups: int, slots: int, max_pages: int, target: Target, knobs: Knobs) -> bool:
+    """Whether the combine discards the partials from L2 after reading them: where the keys the call streams (the
+    block table's width and the tree's, every request) exceed discard_partials_mb, the partials' dirty lines would
+    be evicted to DRAM, a write as large as the partials themselves; below it they stay in L2 and the next call
+    overwrites them there (discarding measured 0.3-0.5 us slower at G = 1 on the H200)."""
+    key_bytes = groups * (max_pages * target.constant("kdt_verify_attn_page") + slots) * target.constant(
+        "kdt_verify_attn_dqk") * 2
+    return key_bytes > knobs.discard_partials_mb * 2**20
 
 
 def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knobs) -> LaunchPlan:
@@ -105,10 +120,13 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
         warp_groups = min(c("combine_max_groups"), cdiv(splits, c("combine_unroll")))
         launches += (KernelLaunch(COMBINE, (slots * heads, groups, 1), c("combine_group_threads") * warp_groups,
                                   (part_o, part_lse, "n_nodes", np.int32(groups), np.int32(slots), np.int32(heads),
-                                   np.int32(splits), np.int32(tiles * rows_per_cta), out_bf16, "out", "lse"),
+                                   np.int32(splits), np.int32(tiles * rows_per_cta),
+                                   np.int32(discard_partials(groups, slots, max_pages, target, knobs)), out_bf16,
+                                   "out", "lse"),
                                   overlaps_previous=knobs.overlap_combine
                                   and fwd.blocks <= target.multiprocessors // 2),)
     path = "split prefix + combine" if splits > 1 else "one CTA per query tile"
-    facts = (("query tiles", tiles), ("splits", splits), ("value split", values))
+    facts = (("query tiles", tiles), ("splits", splits), ("value split", values),
+             ("partials discarded", splits > 1 and discard_partials(groups, slots, max_pages, target, knobs)))
     return LaunchPlan("verify-attn", path, launches, workspace, facts, knobs)
 

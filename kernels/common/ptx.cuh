@@ -128,6 +128,12 @@ __device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const void* sr
 __device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes));
 }
+// The 128-byte line of global memory at `line` (128-byte aligned) dropped from L2 without being written back: for
+// scratch read for the last time, whose dirty lines would otherwise cost DRAM writes when evicted. Its contents
+// are undefined afterwards.
+__device__ __forceinline__ void discard_l2_line(const void* line) {
+    asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(line) : "memory");
+}
 // generic-proxy shared-memory writes (cp.async, st.shared, mbarrier.init) -> visible to the async proxy (bulk
 // copies, wgmma operand reads)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
