@@ -18,10 +18,14 @@
 //                            tiles [s*per, (s+1)*per) and writes normalised partials to the workspace.
 //                            value_split = 2 (sm_90a): two CTAs share a query tile and split, each computing S and
 //                            writing value columns [256 h, +256) of it (h = blockIdx.x % 2).
-//   kdt_verify_attn_combine  merges the split partials through their lse (only when num_splits > 1).
+//   kdt_verify_attn_fwd_paired  (sm_90a) the same with splits 2c and 2c + 1 in a cluster of two, merging their
+//                            partials over distributed shared memory into one (slot c): half the partial bytes.
+//   kdt_verify_attn_combine  merges the split partials through their lse (only when num_splits > 1); drops them
+//                            from L2 unwritten after reading where the plan says so (discard_partials).
 //
 // Launch shape
-//   fwd:     grid (ceil(N*H/ROWS) * value_split, G, num_splits), block 256, 1 CTA per SM, dynamic smem
+//   fwd:     grid (ceil(N*H/ROWS) * value_split, G, num_splits) (paired: clusters of (1, 1, 2), value_split 1,
+//            num_splits even), block 256, 1 CTA per SM, dynamic smem
 //            kdt_verify_attn_smem_bytes:
 //            ROWS = 64: 230912 B on sm_90 / sm_100 (Q 72 KB + 2 key tiles of 64 tokens + P 8 KB + row stats),
 //            230952 B on sm_90a (+ 5 mbarriers); ROWS = 32 on sm_120: 92832 B (a ring of 4 key tiles of 16 tokens +
@@ -35,7 +39,8 @@
 // Memory traffic
 //   Keys: every query tile of a request reads all its prefix + tree keys once, ceil(N*H/ROWS) * (prefix + N) *
 //   1152 B per request (HBM once, L2 for the other query tiles). Q ROWS * 1152 B per CTA; out N*H*Dv*4 (or 2) B;
-//   lse N*H*4 B; split partials num_splits * G * ceil(N*H/ROWS) * ROWS * 513 * 4 B, written once and read once.
+//   lse N*H*4 B; split partials num_splits (paired: num_splits / 2) * G * ceil(N*H/ROWS) * ROWS * 513 * 4 B,
+//   written once and read once; paired, each CTA also sends 64 KB to its partner over distributed shared memory.
 //
 // Limits
 //   Dqk = 576 and Dv = 512 only (the launcher rejects others). Page size 64. N*H <= 2^31/ROWS rows per request,
@@ -69,6 +74,8 @@ extern "C" __constant__ int kdt_verify_attn_value_split_max = va::VALUE_SPLIT_MA
 // 1 when S = Q K^T and P V run on wgmma (a cubin built for sm_90a), else 0 (mma.sync); informational only: both
 // paths have the same entry points and launch shape.
 extern "C" __constant__ int kdt_verify_attn_wgmma = va::WGMMA ? 1 : 0;
+// 1 where the cubin holds kdt_verify_attn_fwd_paired (sm_90a), else 0
+extern "C" __constant__ int kdt_verify_attn_pair_merge = va::WGMMA ? 1 : 0;
 
 // num_splits == 1: writes out / lse. num_splits > 1: writes part_o [S][G][Rpad][512] (normalised) and
 // part_lse [S][G][Rpad] (natural log, -inf = no contribution), Rpad = query tiles * ROWS = gridDim.x / value_split *
@@ -86,13 +93,33 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
     const int tid = threadIdx.x;  // read here: only the kernel's own read carries its launch bounds
     kdt::after_previous_launch();  // then the combine's blocks may start, on the SMs this launch leaves idle
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    va::attend_wgmma(p, smem, tid);
+    va::attend_wgmma<false>(p, smem, tid);
 #elif defined(KDT_SMEM_99KB)
     va::attend_qreg(p, smem, tid);
 #else
     va::attend_mma(p, smem, tid);
 #endif
 }
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// kdt_verify_attn_fwd with splits 2c and 2c + 1 in a cluster of two that merge their partials into slot c (the
+// plan's pair_splits; value_split 1, num_splits even): part_o / part_lse hold num_splits / 2 slots.
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(va::THREADS, 1)
+    kdt_verify_attn_fwd_paired(const uint16_t* __restrict__ q, const uint16_t* __restrict__ kv_cache,
+                               const int* __restrict__ block_table, const int* __restrict__ prefix_len,
+                               const uint16_t* __restrict__ kv_tree, const uint32_t* __restrict__ mask,
+                               const int* __restrict__ n_nodes, int G, int N, int H, int max_pages, int W,
+                               float scale_log2e, int num_splits, int value_split, int out_bf16,
+                               void* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o,
+                               float* __restrict__ part_lse) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const va::FwdParams p{q, kv_cache, block_table, prefix_len, kv_tree, mask, n_nodes, G, N, H, max_pages, W,
+                          scale_log2e, num_splits, value_split, out_bf16, out, lse, part_o, part_lse};
+    const int tid = threadIdx.x;
+    kdt::after_previous_launch();
+    va::attend_wgmma<true>(p, smem, tid);
+}
+#endif
 
 // Split combine. grid (N*H, G): one query row per block, in blockDim.x / COMBINE_GROUP_THREADS groups of
 // COMBINE_WARPS_PER_ROW warps (the plan gives a group to every COMBINE_UNROLL splits); a group's warp owns

@@ -73,6 +73,7 @@ extern "C" __constant__ int kdt_verify_attn_combine_group_threads = 128;
 extern "C" __constant__ int kdt_verify_attn_combine_max_groups = 4;
 extern "C" __constant__ int kdt_verify_attn_combine_unroll = 8;
 extern "C" __constant__ int kdt_verify_attn_value_split_max = 1;
+extern "C" __constant__ int kdt_verify_attn_pair_merge = 0;
 extern "C" __global__ void kdt_verify_attn_fwd(const void*, const void*, const int*, const int*, const void*,
                                                const unsigned*, const int*, int, int, int, int, int, float, int, int,
                                                int, float* out, float*, float*, float*) {

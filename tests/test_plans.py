@@ -313,6 +313,20 @@ def test_verify_attn_splits_fill_the_gpu_from_shapes_alone(targets):
     assert discard(plan(1, 8, 16, 32768, discard_partials_mb=0)) == 1
     assert discard(plan(4, 8, 8, 32768, discard_partials_mb=1000)) == 0
     assert plan(1, 64, 256, 32768).fact("partials discarded") is False      # no split, no combine
+    # the pair merge (sm_90a): splits 2c and 2c + 1 in a cluster of two write one partial, slot c
+    paired = plan(1, 8, 16, 8192, arch="sm_90a")              # 2 query tiles x 43 splits -> 44 (88 CTAs)
+    assert paired.fact("paired splits") is True and paired.fact("splits") == 44
+    assert paired.launches[0].function == "kdt_verify_attn_fwd_paired" and paired.launches[0].cluster == 2
+    assert paired.launches[0].grid == (2, 1, 44) and paired.launches[0].args[13] == 44
+    assert paired.launches[1].args[6] == 22 and paired.launches[1].block == 384      # 22 slots: 3 groups
+    assert paired.workspace_bytes == 22 * 1 * 2 * 64 * 513 * 4
+    unpaired = plan(1, 8, 16, 8192, arch="sm_90a", pair_splits=False)
+    assert unpaired.fact("paired splits") is False and unpaired.fact("splits") == 43
+    assert unpaired.launches[0].function == "kdt_verify_attn_fwd" and unpaired.launches[0].cluster == 1
+    assert plan(4, 8, 8, 32768, arch="sm_90a").fact("paired splits") is False   # 4 x 34 CTAs: a second wave
+    assert plan(16, 8, 8, 8192, arch="sm_90a").fact("paired splits") is True    # 16 x 8
+    assert plan(1, 8, 8, 1024, arch="sm_90a").fact("paired splits") is False    # the value split instead
+    assert plan(1, 8, 16, 8192).fact("paired splits") is False                  # the mma.sync build: never
 
 
 @pytest.mark.nvcc

@@ -14,6 +14,10 @@ only words the same launch's main kernel wrote. Where the main kernel leaves hal
 combine is a programmatic dependent launch (`overlaps_previous`): its blocks start on the idle SMs and wait on the
 device for the partials.
 
+Pair merge (sm_90a, kdt_verify_attn_pair_merge = 1; `pair_splits`): splits 2c and 2c + 1 run as a cluster of two
+(kdt_verify_attn_fwd_paired) that merges their partials over distributed shared memory into one, slot c: the
+workspace, the stores and the combine's reads are half as large.
+
 Value split (sm_90a, kdt_verify_attn_value_split_max = 2): where even the doubled grid leaves SMs idle, two CTAs
 share each query tile and split, each computing S and writing half the value columns: half the partial bytes and
 half the P V a CTA, which is what a split of one or a few key tiles spends its time on.
@@ -29,6 +33,7 @@ from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchKnobs, LaunchPlan, NU
 
 LOG2E = 1.4426950408889634
 FWD = "kdt_verify_attn_fwd"
+FWD_PAIRED = "kdt_verify_attn_fwd_paired"
 COMBINE = "kdt_verify_attn_combine"
 
 
@@ -47,6 +52,9 @@ class Knobs(LaunchKnobs):
                                 "costs more than the shorter mainloop gains")
     split_values: float = knob(1.0, "split each query tile's value columns over two CTAs (sm_90a) where the "
                                     "doubled grid fills at most this fraction of the SMs; 0: never")
+    pair_splits: bool = knob(True, "merge the partials of splits 2c and 2c + 1 in a cluster of two over distributed "
+                                   "shared memory (sm_90a, no value split, 4 or more splits that fit one wave "
+                                   "once even): half the partial bytes to store and to combine")
     discard_partials_mb: float = knob(50.0, "the combine drops the partials it has read from L2 unwritten where "
                                             "the call streams more than this many MB of keys (the H200's L2: "
                                             "its dirty partials would be written back to DRAM before the next "
@@ -77,6 +85,15 @@ def value_split(ctas: int, target: Target, knobs: Knobs) -> int:
     return most if most > 1 and ctas * most <= knobs.split_values * target.multiprocessors else 1
 
 
+def pair_splits(ctas_per_split: int, splits: int, values: int, target: Target, knobs: Knobs) -> bool:
+    """Whether splits 2c and 2c + 1 run as a cluster of two that merges their partials (kdt_verify_attn_fwd_paired):
+    where the cubin has it (sm_90a), without a value split, with 4 or more splits (the combine still merges two or
+    more slots) whose count, made even, still fits one wave."""
+    even = splits + splits % 2
+    return (knobs.pair_splits and target.constant("kdt_verify_attn_pair_merge") == 1 and values == 1 and splits >= 4
+            and ctas_per_split * even <= target.multiprocessors)
+
+
 def discard_partials(groups: int, slots: int, max_pages: int, target: Target, knobs: Knobs) -> bool:
     """Whether the combine discards the partials from L2 after reading them: where the keys the call streams (the
     block table's width and the tree's, every request) exceed discard_partials_mb, the partials' dirty lines would
@@ -98,35 +115,39 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     tiles = cdiv(slots * heads, rows_per_cta)
     splits = num_splits(groups, slots, heads, max_pages, target, knobs)
     values = value_split(groups * tiles * splits, target, knobs)
+    paired = pair_splits(groups * tiles, splits, values, target, knobs)
+    splits += splits % 2 if paired else 0     # the kernel gives any last, empty split's slot to its partner
+    partials = splits // 2 if paired else splits   # partials written (a pair writes one)
     out_bf16 = np.int32(1 if params.get("out_dtype", "float32") == "bfloat16" else 0)
     scale_log2 = np.float32(float(params["softmax_scale"]) * LOG2E)
     if splits > 1:
-        partial_values = splits * groups * tiles * rows_per_cta * c("dv")
+        partial_values = partials * groups * tiles * rows_per_cta * c("dv")
         part_o, part_lse = Workspace(0), Workspace(4 * partial_values)
-        workspace = splits * groups * tiles * rows_per_cta * (c("dv") + 1) * 4
+        workspace = partials * groups * tiles * rows_per_cta * (c("dv") + 1) * 4
     else:
         part_o = part_lse = NULL      # not touched when splits == 1
         workspace = 0
     # plain in captured graphs too (the knob overlap_previous's auto): overlapped, the tp8 set ran 0.97-1.06 by shape
     # (H200, plans/perf-notes.md, "Programmatic dependent launch")
-    fwd = KernelLaunch(FWD, (tiles * values, groups, splits), c("threads"),
+    fwd = KernelLaunch(FWD_PAIRED if paired else FWD, (tiles * values, groups, splits), c("threads"),
                        ("q", "kv_cache", "block_table", "prefix_len", "kv_tree", "mask", "n_nodes",
                         np.int32(groups), np.int32(slots), np.int32(heads), np.int32(max_pages), np.int32(words),
                         scale_log2, np.int32(splits), np.int32(values), out_bf16, "out", "lse", part_o, part_lse),
-                       c("smem_bytes"))
+                       c("smem_bytes"), cluster=2 if paired else 1)
     launches = (fwd,)
     if splits > 1:
         # one row a block, a group of warps per combine_unroll splits: every group's loads are in flight at once
-        warp_groups = min(c("combine_max_groups"), cdiv(splits, c("combine_unroll")))
+        warp_groups = min(c("combine_max_groups"), cdiv(partials, c("combine_unroll")))
         launches += (KernelLaunch(COMBINE, (slots * heads, groups, 1), c("combine_group_threads") * warp_groups,
                                   (part_o, part_lse, "n_nodes", np.int32(groups), np.int32(slots), np.int32(heads),
-                                   np.int32(splits), np.int32(tiles * rows_per_cta),
+                                   np.int32(partials), np.int32(tiles * rows_per_cta),
                                    np.int32(discard_partials(groups, slots, max_pages, target, knobs)), out_bf16,
                                    "out", "lse"),
                                   overlaps_previous=knobs.overlap_combine
                                   and fwd.blocks <= target.multiprocessors // 2),)
     path = "split prefix + combine" if splits > 1 else "one CTA per query tile"
     facts = (("query tiles", tiles), ("splits", splits), ("value split", values),
+             ("paired splits", paired),
              ("partials discarded", splits > 1 and discard_partials(groups, slots, max_pages, target, knobs)))
     return LaunchPlan("verify-attn", path, launches, workspace, facts, knobs)
 

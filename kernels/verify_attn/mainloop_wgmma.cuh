@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "common/cluster.cuh"
 #include "common/mbarrier.cuh"
 #include "common/ptx.cuh"
 #include "common/wgmma.cuh"
@@ -74,17 +75,85 @@ __device__ __forceinline__ void s_wgmma(float (&d)[4 * PIPE_NT], uint64_t dq, ui
     wgmma_retire(d);
 }
 
+// The end of a paired CTA whose partner holds key tiles too: rank 0 keeps value columns 0..255 (warpgroup 0's),
+// rank 1 columns 256..511 (warpgroup 1's). The other warpgroup sends its normalised O and the rows' lse into the
+// partner's first key buffer (distributed shared memory, [j][half][thread] float2: conflict-free on both sides);
+// the keeping warpgroup merges them with its own through the lse weights, as the combine would, and writes slot
+// c's partial: half the bytes of two splits' partials, for the store and for the combine. Two cluster barriers:
+// the partner is past its mainloop (its key buffers free, its lse in smem); the sent halves have landed. No
+// access to the partner's shared memory follows the second, so either CTA may exit after it.
+__device__ __forceinline__ void pair_merge_store(const FwdParams& p, const CtaWork& w, unsigned char* smem,
+                                                 const float (&o)[O_NT][4], int wg, int t, int rowA, int rowB,
+                                                 int cq, int rank) {
+    const float2* inbox = reinterpret_cast<const float2*>(smem + OFF_KV);
+    float* peer_lse = reinterpret_cast<float*>(smem + OFF_REDL);
+    const float* lse_s = reinterpret_cast<const float*>(smem + OFF_REDMAX);
+    const float* invl_s = reinterpret_cast<const float*>(smem + OFF_INVL);
+    const uint32_t partner = static_cast<uint32_t>(rank ^ 1);
+    kdt::cluster_sync();
+    if (wg != rank) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const float inv = invl_s[half ? rowB : rowA];
+#pragma unroll
+            for (int j = 0; j < O_NT; ++j) {
+                const float v0 = inv != 0.f ? o[j][2 * half] * inv : 0.f;
+                const float v1 = inv != 0.f ? o[j][2 * half + 1] * inv : 0.f;
+                kdt::store_to_block(inbox + (2 * j + half) * WG_THREADS + t, partner,
+                                    make_uint2(__float_as_uint(v0), __float_as_uint(v1)));
+            }
+        }
+        if (cq == 0) {
+            kdt::store_to_block(peer_lse + rowA, partner, __float_as_uint(lse_s[rowA]));
+            kdt::store_to_block(peer_lse + rowB, partner, __float_as_uint(lse_s[rowB]));
+        }
+    }
+    kdt::cluster_sync();
+    if (wg != rank) return;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = half ? rowB : rowA;
+        const int gr = w.r0 + row;
+        if (gr >= w.R) continue;
+        const float lm = lse_s[row], lp = peer_lse[row];
+        const float mx = fmaxf(lm, lp);
+        const float wm = mx != NEG_INF ? expf(lm - mx) : 0.f, wp = mx != NEG_INF ? expf(lp - mx) : 0.f;
+        const float den = wm + wp;
+        const float own = den > 0.f ? wm * invl_s[row] / den : 0.f;  // this CTA's O is not normalised yet
+        const float theirs = den > 0.f ? wp / den : 0.f;
+        const size_t obase = ((static_cast<size_t>(w.split) * p.G + w.g) * w.Rpad + gr) * DV;
+#pragma unroll
+        for (int j = 0; j < O_NT; ++j) {
+            const float2 peer = inbox[(2 * j + half) * WG_THREADS + t];
+            // den == 0 (a row past n_nodes, or without a key in both splits): +0, never -0
+            const float v0 = den > 0.f ? fmaf(o[j][2 * half], own, peer.x * theirs) : 0.f;
+            const float v1 = den > 0.f ? fmaf(o[j][2 * half + 1], own, peer.y * theirs) : 0.f;
+            *reinterpret_cast<float2*>(p.part_o + obase + PV_WG_N * rank + 8 * j + 2 * cq) = make_float2(v0, v1);
+        }
+        if (cq == 0 && rank == 0)
+            p.part_lse[(static_cast<size_t>(w.split) * p.G + w.g) * w.Rpad + gr] = den > 0.f ? mx + logf(den) : NEG_INF;
+    }
+}
+
 // The whole sm_90a CTA: the exit of a CTA without work, mbarrier init, prologue (Q + tile kb by all threads,
 // tile kb+1 by WG1, left in flight), the two warpgroups' loops, then O / l stored by both. One function, like
 // attend_mma: splitting it (the idle exit, the warpgroups' loops, the O store) changed the SASS. tid_in:
 // threadIdx.x as the kernel read it, taken by reference for the same reason (plans/kernels/verify-attn.md,
 // "SASS identity").
+// PAIRED (kdt_verify_attn_fwd_paired): splits 2c and 2c + 1 are a cluster of two and merge their partials into slot
+// c (pair_merge_store); rank 1 of a pair whose split holds no key tile leaves the slot to rank 0, which then
+// stores alone (its split holds the request's last tiles: `exchange` false) or, holding none either, marks it empty.
+template <bool PAIRED>
 __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* smem, const int& tid_in) {
     const int tid = tid_in;
     const int warp = tid >> 5;
     const int lane = tid & 31;
-    const CtaWork w = cta_work(p);
+    const CtaWork w = PAIRED ? paired_work(cta_work(p)) : cta_work(p);
+    const int pair_rank = PAIRED ? static_cast<int>(blockIdx.z) & 1 : 0;
+    if (PAIRED && pair_rank == 1 && w.r0 < w.active && w.kb >= w.ke) return;
     VA_RETURN_IF_NO_WORK(p, w, tid)
+    // rank 1 holds tiles here, and rank 0 exchanges unless its split ends the request's tiles (rank 1's then holds none)
+    const bool exchange = PAIRED && (pair_rank == 1 || w.ke < w.n_pref + (p.N + KV_T - 1) / KV_T);
 
     // the fields as locals (the kernel's own variables before the reshape; reading w.kb etc. at each use
     // compiled differently)
@@ -228,7 +297,8 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
                 const bool act = half ? actB : actA;
                 const float m = half ? mB : mA;
                 const float L = half ? lB : lA;
-                finish_row(p, w, split_mode, invl_s, row, act, m, L);
+                finish_row(p, w, split_mode, invl_s, row, act, m, L,
+                           exchange ? reinterpret_cast<float*>(smem + OFF_REDMAX) : nullptr);
             }
         }
     } else {
@@ -264,6 +334,10 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
         }
     }
     __syncthreads();  // invl_s (WG0) -> both warpgroups
+    if (exchange) {
+        pair_merge_store(p, w, smem, o, wg, tid - WG_THREADS * wg, rowA, rowB, cq, pair_rank);
+        return;
+    }
 
     // ---- store O / l: this thread's rows rowA / rowB, columns 256 value_block + 8j + 2cq (+1)
 #pragma unroll

@@ -46,6 +46,13 @@ struct CtaWork {
     int kb, ke;                          // this split's key tiles
 };
 
+// The sm_90a pair merge (kdt_verify_attn_fwd_paired, clusters of two along z): splits 2c and 2c + 1 write one
+// merged partial, slot c. The CTA's work is its own split's; `split` becomes the slot its results go to.
+__device__ __forceinline__ CtaWork paired_work(CtaWork w) {
+    w.split >>= 1;
+    return w;
+}
+
 __device__ __forceinline__ CtaWork cta_work(const FwdParams& p) {
     CtaWork w;
     w.g = blockIdx.y;

@@ -113,14 +113,17 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 // The end of CTA row `row`'s softmax: invl_s[row] = 1 / L (0 for a row past n_nodes, act == false, or with no
 // admissible key, whose output is then +0) and its natural-log lse (m in log2 units; -inf for such a row) to
-// part_lse (split_mode: this CTA's split) or lse, for rows r0 + row < R.
+// part_lse (split_mode: this CTA's split) or lse, for rows r0 + row < R; with lse_s, to lse_s[row] instead (the
+// sm_90a pair merge, which writes the pair's merged lse).
 __device__ __forceinline__ void finish_row(const FwdParams& p, const CtaWork& w, bool split_mode, float* invl_s,
-                                           int row, bool act, float m, float L) {
+                                           int row, bool act, float m, float L, float* lse_s = nullptr) {
     const int gr = w.r0 + row;
     const bool ok = act && L > 0.f;
     invl_s[row] = ok ? 1.f / L : 0.f;
     const float lse_v = ok ? (m + log2f(L)) * LN2 : NEG_INF;
-    if (gr < w.R && w.value_half == 0) {  // with value_split, both CTAs of the tile hold the same lse
+    if (lse_s != nullptr) {
+        lse_s[row] = lse_v;
+    } else if (gr < w.R && w.value_half == 0) {  // with value_split, both CTAs of the tile hold the same lse
         if (split_mode)
             p.part_lse[(static_cast<size_t>(w.split) * p.G + w.g) * w.Rpad + gr] = lse_v;
         else
