@@ -29,6 +29,10 @@ __device__ __forceinline__ void store_to_block(const void* local, uint32_t rank,
     asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};\n" ::"r"(cluster_addr(local, rank)), "r"(value.x),
                  "r"(value.y) : "memory");
 }
+__device__ __forceinline__ void store_to_block(const void* local, uint32_t rank, uint4 value) {
+    asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(cluster_addr(local, rank)), "r"(value.x),
+                 "r"(value.y), "r"(value.z), "r"(value.w) : "memory");
+}
 
 __device__ __forceinline__ uint32_t load_from_block(const uint32_t* local, uint32_t rank) {
     uint32_t value;

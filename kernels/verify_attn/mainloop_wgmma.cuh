@@ -75,41 +75,78 @@ __device__ __forceinline__ void s_wgmma(float (&d)[4 * PIPE_NT], uint64_t dq, ui
     wgmma_retire(d);
 }
 
-// The end of a paired CTA whose partner holds key tiles too: rank 0 keeps value columns 0..255 (warpgroup 0's),
-// rank 1 columns 256..511 (warpgroup 1's). The other warpgroup sends its normalised O and the rows' lse into the
-// partner's first key buffer (distributed shared memory, [j][half][thread] float2: conflict-free on both sides);
-// the keeping warpgroup merges them with its own through the lse weights, as the combine would, and writes slot
-// c's partial: half the bytes of two splits' partials, for the store and for the combine. Two cluster barriers:
-// the partner is past its mainloop (its key buffers free, its lse in smem); the sent halves have landed. No
-// access to the partner's shared memory follows the second, so either CTA may exit after it.
+// Sends o[j] for j in [FIRST, FIRST + O_NT / 2), normalised, into the partner's inbox (pair_merge_store).
+template <int FIRST>
+__device__ __forceinline__ void pair_send(const float (&o)[O_NT][4], const float4* inbox, uint32_t partner, int tid,
+                                          float invA, float invB) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const float inv = half ? invB : invA;
+#pragma unroll
+        for (int jp = 0; jp < O_NT / 4; ++jp) {
+            const int j = FIRST + 2 * jp;
+            uint4 bits;
+            bits.x = __float_as_uint(inv != 0.f ? o[j][2 * half] * inv : 0.f);
+            bits.y = __float_as_uint(inv != 0.f ? o[j][2 * half + 1] * inv : 0.f);
+            bits.z = __float_as_uint(inv != 0.f ? o[j + 1][2 * half] * inv : 0.f);
+            bits.w = __float_as_uint(inv != 0.f ? o[j + 1][2 * half + 1] * inv : 0.f);
+            kdt::store_to_block(inbox + (2 * jp + half) * THREADS + tid, partner, bits);
+        }
+    }
+}
+
+// Merges o[j] for j in [FIRST, FIRST + O_NT / 2) of row `half` (scaled by `own`) with what arrived (scaled by
+// `theirs`) into dst + 8 j (pair_merge_store); den == 0: +0, never -0.
+template <int FIRST>
+__device__ __forceinline__ void pair_merge_row(const float (&o)[O_NT][4], const float4* inbox, int tid, int half,
+                                               float own, float theirs, bool any, float* dst) {
+#pragma unroll
+    for (int jp = 0; jp < O_NT / 4; ++jp) {
+        const int j = FIRST + 2 * jp;
+        const float4 peer = inbox[(2 * jp + half) * THREADS + tid];
+        *reinterpret_cast<float2*>(dst + 8 * j) =
+            any ? make_float2(fmaf(o[j][2 * half], own, peer.x * theirs), fmaf(o[j][2 * half + 1], own, peer.y * theirs))
+                : make_float2(0.f, 0.f);
+        *reinterpret_cast<float2*>(dst + 8 * (j + 1)) =
+            any ? make_float2(fmaf(o[j + 1][2 * half], own, peer.z * theirs),
+                              fmaf(o[j + 1][2 * half + 1], own, peer.w * theirs))
+                : make_float2(0.f, 0.f);
+    }
+}
+
+// The end of a paired CTA whose partner holds key tiles too. Rank r keeps the value columns of o[j] for j in
+// [16r, 16r + 16) in both warpgroups (columns 128r..+127 and 256 + 128r..+127) and sends the other sixteen j,
+// normalised, with the rows' lse, into the partner's first key buffer (distributed shared memory, [j pair][half]
+// [thread] float4: conflict-free on both sides): both warpgroups send 32 KB and merge 32 KB. Each merges its kept
+// columns with what arrived through the lse weights, as the combine would, and writes them to slot c's partial:
+// half the bytes of two splits' partials, for the store and for the combine. Two cluster barriers: the partner is
+// past its mainloop (its key buffers free, its lse in smem); the sent halves have landed. No access to the
+// partner's shared memory follows the second, so either CTA may exit after it.
 __device__ __forceinline__ void pair_merge_store(const FwdParams& p, const CtaWork& w, unsigned char* smem,
-                                                 const float (&o)[O_NT][4], int wg, int t, int rowA, int rowB,
+                                                 const float (&o)[O_NT][4], int wg, int tid, int rowA, int rowB,
                                                  int cq, int rank) {
-    const float2* inbox = reinterpret_cast<const float2*>(smem + OFF_KV);
+    float4* inbox = reinterpret_cast<float4*>(smem + OFF_KV);
     float* peer_lse = reinterpret_cast<float*>(smem + OFF_REDL);
     const float* lse_s = reinterpret_cast<const float*>(smem + OFF_REDMAX);
     const float* invl_s = reinterpret_cast<const float*>(smem + OFF_INVL);
     const uint32_t partner = static_cast<uint32_t>(rank ^ 1);
+    // The inbox's last local write made a plain store: compute-sanitizer's racecheck does not carry a cp.async's
+    // wait (the key tiles') through the cluster barrier to the partner's writes, and reports each of them as a WAW
+    // hazard; with this it is clean (0.25-0.5 us a call; plans/kernels/verify-attn.md, "Pair merge")
+#pragma unroll
+    for (int i = 0; i < O_NT / 2; ++i)
+        inbox[i * THREADS + tid] = make_float4(0.f, 0.f, 0.f, 0.f);
     kdt::cluster_sync();
-    if (wg != rank) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const float inv = invl_s[half ? rowB : rowA];
-#pragma unroll
-            for (int j = 0; j < O_NT; ++j) {
-                const float v0 = inv != 0.f ? o[j][2 * half] * inv : 0.f;
-                const float v1 = inv != 0.f ? o[j][2 * half + 1] * inv : 0.f;
-                kdt::store_to_block(inbox + (2 * j + half) * WG_THREADS + t, partner,
-                                    make_uint2(__float_as_uint(v0), __float_as_uint(v1)));
-            }
-        }
-        if (cq == 0) {
-            kdt::store_to_block(peer_lse + rowA, partner, __float_as_uint(lse_s[rowA]));
-            kdt::store_to_block(peer_lse + rowB, partner, __float_as_uint(lse_s[rowB]));
-        }
+    // the register indices must be constants: one branch a rank
+    if (rank == 0)
+        pair_send<O_NT / 2>(o, inbox, partner, tid, invl_s[rowA], invl_s[rowB]);
+    else
+        pair_send<0>(o, inbox, partner, tid, invl_s[rowA], invl_s[rowB]);
+    if (wg == 0 && cq == 0) {
+        kdt::store_to_block(peer_lse + rowA, partner, __float_as_uint(lse_s[rowA]));
+        kdt::store_to_block(peer_lse + rowB, partner, __float_as_uint(lse_s[rowB]));
     }
     kdt::cluster_sync();
-    if (wg != rank) return;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int row = half ? rowB : rowA;
@@ -121,16 +158,12 @@ __device__ __forceinline__ void pair_merge_store(const FwdParams& p, const CtaWo
         const float den = wm + wp;
         const float own = den > 0.f ? wm * invl_s[row] / den : 0.f;  // this CTA's O is not normalised yet
         const float theirs = den > 0.f ? wp / den : 0.f;
-        const size_t obase = ((static_cast<size_t>(w.split) * p.G + w.g) * w.Rpad + gr) * DV;
-#pragma unroll
-        for (int j = 0; j < O_NT; ++j) {
-            const float2 peer = inbox[(2 * j + half) * WG_THREADS + t];
-            // den == 0 (a row past n_nodes, or without a key in both splits): +0, never -0
-            const float v0 = den > 0.f ? fmaf(o[j][2 * half], own, peer.x * theirs) : 0.f;
-            const float v1 = den > 0.f ? fmaf(o[j][2 * half + 1], own, peer.y * theirs) : 0.f;
-            *reinterpret_cast<float2*>(p.part_o + obase + PV_WG_N * rank + 8 * j + 2 * cq) = make_float2(v0, v1);
-        }
-        if (cq == 0 && rank == 0)
+        float* dst = p.part_o + ((static_cast<size_t>(w.split) * p.G + w.g) * w.Rpad + gr) * DV + PV_WG_N * wg + 2 * cq;
+        if (rank == 0)
+            pair_merge_row<0>(o, inbox, tid, half, own, theirs, den > 0.f, dst);
+        else
+            pair_merge_row<O_NT / 2>(o, inbox, tid, half, own, theirs, den > 0.f, dst);
+        if (wg == 0 && cq == 0 && rank == 0)
             p.part_lse[(static_cast<size_t>(w.split) * p.G + w.g) * w.Rpad + gr] = den > 0.f ? mx + logf(den) : NEG_INF;
     }
 }
@@ -335,7 +368,7 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
     }
     __syncthreads();  // invl_s (WG0) -> both warpgroups
     if (exchange) {
-        pair_merge_store(p, w, smem, o, wg, tid - WG_THREADS * wg, rowA, rowB, cq, pair_rank);
+        pair_merge_store(p, w, smem, o, wg, tid, rowA, rowB, cq, pair_rank);
         return;
     }
 
