@@ -105,7 +105,8 @@ __device__ __forceinline__ void pair_merge_row(const float (&o)[O_NT][4], const 
         const int j = FIRST + 2 * jp;
         const float4 peer = inbox[(2 * jp + half) * THREADS + tid];
         *reinterpret_cast<float2*>(dst + 8 * j) =
-            any ? make_float2(fmaf(o[j][2 * half], own, peer.x * theirs), fmaf(o[j][2 * half + 1], own, peer.y * theirs))
+            any ? make_float2(fmaf(o[j][2 * half], own, peer.x * theirs),
+                              fmaf(o[j][2 * half + 1], own, peer.y * theirs))
                 : make_float2(0.f, 0.f);
         *reinterpret_cast<float2*>(dst + 8 * (j + 1)) =
             any ? make_float2(fmaf(o[j + 1][2 * half], own, peer.z * theirs),
@@ -185,7 +186,7 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
     const int pair_rank = PAIRED ? static_cast<int>(blockIdx.z) & 1 : 0;
     if (PAIRED && pair_rank == 1 && w.r0 < w.active && w.kb >= w.ke) return;
     VA_RETURN_IF_NO_WORK(p, w, tid)
-    // rank 1 holds tiles here, and rank 0 exchanges unless its split ends the request's tiles (rank 1's then holds none)
+    // rank 1 holds tiles here; rank 0 exchanges unless its split ends the request's tiles (rank 1's then holds none)
     const bool exchange = PAIRED && (pair_rank == 1 || w.ke < w.n_pref + (p.N + KV_T - 1) / KV_T);
 
     // the fields as locals (the kernel's own variables before the reshape; reading w.kb etc. at each use
