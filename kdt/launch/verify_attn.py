@@ -118,6 +118,7 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     paired = pair_splits(groups * tiles, splits, values, target, knobs)
     splits += splits % 2 if paired else 0     # the kernel gives any last, empty split's slot to its partner
     partials = splits // 2 if paired else splits   # partials written (a pair writes one)
+    discard = splits > 1 and discard_partials(groups, slots, max_pages, target, knobs)
     out_bf16 = np.int32(1 if params.get("out_dtype", "float32") == "bfloat16" else 0)
     scale_log2 = np.float32(float(params["softmax_scale"]) * LOG2E)
     if splits > 1:
@@ -141,13 +142,11 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
         launches += (KernelLaunch(COMBINE, (slots * heads, groups, 1), c("combine_group_threads") * warp_groups,
                                   (part_o, part_lse, "n_nodes", np.int32(groups), np.int32(slots), np.int32(heads),
                                    np.int32(partials), np.int32(tiles * rows_per_cta),
-                                   np.int32(discard_partials(groups, slots, max_pages, target, knobs)), out_bf16,
-                                   "out", "lse"),
+                                   np.int32(discard), out_bf16, "out", "lse"),
                                   overlaps_previous=knobs.overlap_combine
                                   and fwd.blocks <= target.multiprocessors // 2),)
     path = "split prefix + combine" if splits > 1 else "one CTA per query tile"
     facts = (("query tiles", tiles), ("splits", splits), ("value split", values),
-             ("paired splits", paired),
-             ("partials discarded", splits > 1 and discard_partials(groups, slots, max_pages, target, knobs)))
+             ("paired splits", paired), ("partials discarded", discard))
     return LaunchPlan("verify-attn", path, launches, workspace, facts, knobs)
 

@@ -118,6 +118,10 @@ constexpr int OFF_REDL = OFF_REDMAX + ROWS * S_WN * 4;  // float [ROWS][S_WN]
 constexpr int OFF_ALPHA = OFF_REDL + ROWS * S_WN * 4;   // float [P_BUFS][ROWS]
 constexpr int OFF_INVL = OFF_ALPHA + P_BUFS * ROWS * 4; // float [ROWS]
 constexpr int OFF_BAR = OFF_INVL + ROWS * 4;            // uint64 mbarrier [PIPE_MBARS] (sm_90a), [QREG_MBARS]
+// sm_90a pair merge (pair_merge_store): the rows' lse and the partner's, in the REDMAX / REDL arrays the pipeline
+// leaves unused
+constexpr int OFF_PAIR_LSE = OFF_REDMAX;                // float [ROWS]
+constexpr int OFF_PEER_LSE = OFF_REDL;                  // float [ROWS]
 constexpr int QREG_MBARS = 4;                           // mainloop_qreg: READY[2], FREE[2]
 constexpr int BAR_BYTES = WGMMA ? PIPE_MBARS * 8 : QREG ? QREG_MBARS * 8 : 0;  // mainloop_mma: none
 constexpr int SMEM_BYTES = OFF_BAR + BAR_BYTES;

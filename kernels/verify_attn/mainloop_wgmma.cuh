@@ -127,8 +127,8 @@ __device__ __forceinline__ void pair_merge_store(const FwdParams& p, const CtaWo
                                                  const float (&o)[O_NT][4], int wg, int tid, int rowA, int rowB,
                                                  int cq, int rank) {
     float4* inbox = reinterpret_cast<float4*>(smem + OFF_KV);
-    float* peer_lse = reinterpret_cast<float*>(smem + OFF_REDL);
-    const float* lse_s = reinterpret_cast<const float*>(smem + OFF_REDMAX);
+    float* peer_lse = reinterpret_cast<float*>(smem + OFF_PEER_LSE);
+    const float* lse_s = reinterpret_cast<const float*>(smem + OFF_PAIR_LSE);
     const float* invl_s = reinterpret_cast<const float*>(smem + OFF_INVL);
     const uint32_t partner = static_cast<uint32_t>(rank ^ 1);
     // The inbox's last local write made a plain store: compute-sanitizer's racecheck does not carry a cp.async's
@@ -332,7 +332,7 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
                 const float m = half ? mB : mA;
                 const float L = half ? lB : lA;
                 finish_row(p, w, split_mode, invl_s, row, act, m, L,
-                           exchange ? reinterpret_cast<float*>(smem + OFF_REDMAX) : nullptr);
+                           exchange ? reinterpret_cast<float*>(smem + OFF_PAIR_LSE) : nullptr);
             }
         }
     } else {
