@@ -18,6 +18,9 @@
 //                            tiles [s*per, (s+1)*per) and writes normalised partials to the workspace.
 //                            value_split = 2 (sm_90a): two CTAs share a query tile and split, each computing S and
 //                            writing value columns [256 h, +256) of it (h = blockIdx.x % 2).
+//                            kv_tma = 1 (sm_90a): the prefix tiles whole in their page come by tensor copy through
+//                            kv_map (kv_cache as bf16 [pages*64, Dqk], 64 x 64 boxes, 128-byte swizzle); other
+//                            builds never read kv_map.
 //   kdt_verify_attn_fwd_paired  (sm_90a) the same with splits 2c and 2c + 1 in a cluster of two, merging their
 //                            partials over distributed shared memory into one (slot c): half the partial bytes.
 //   kdt_verify_attn_combine  merges the split partials through their lse (only when num_splits > 1); drops them
@@ -28,7 +31,7 @@
 //            num_splits even), block 256, 1 CTA per SM, dynamic smem
 //            kdt_verify_attn_smem_bytes:
 //            ROWS = 64: 230912 B on sm_90 / sm_100 (Q 72 KB + 2 key tiles of 64 tokens + P 8 KB + row stats),
-//            230952 B on sm_90a (+ 5 mbarriers); ROWS = 32 on sm_120: 92832 B (a ring of 4 key tiles of 16 tokens +
+//            230968 B on sm_90a (+ 7 mbarriers); ROWS = 32 on sm_120: 92832 B (a ring of 4 key tiles of 16 tokens +
 //            the S exchange 16 KB + P 2 KB + row stats + 4 mbarriers; Q in registers).
 //   combine: grid (N*H, G), block 128 x groups (1-4 groups of 4 warps on one row, one group per 8 splits),
 //            6 KB of static smem. Where the main kernel leaves half the SMs idle, a programmatic dependent launch
@@ -76,20 +79,25 @@ extern "C" __constant__ int kdt_verify_attn_value_split_max = va::VALUE_SPLIT_MA
 extern "C" __constant__ int kdt_verify_attn_wgmma = va::WGMMA ? 1 : 0;
 // 1 where the cubin holds kdt_verify_attn_fwd_paired (sm_90a), else 0
 extern "C" __constant__ int kdt_verify_attn_pair_merge = va::WGMMA ? 1 : 0;
+// 1 where the fwd takes the prefix tiles whole in their page by tensor copy when its kv_tma is 1 (sm_90a), else 0
+// (the fwd then never reads kv_map)
+extern "C" __constant__ int kdt_verify_attn_tensor_keys = va::WGMMA ? 1 : 0;
 
 // num_splits == 1: writes out / lse. num_splits > 1: writes part_o [S][G][Rpad][512] (normalised) and
 // part_lse [S][G][Rpad] (natural log, -inf = no contribution), Rpad = query tiles * ROWS = gridDim.x / value_split *
 // ROWS.
 extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
     kdt_verify_attn_fwd(const uint16_t* __restrict__ q, const uint16_t* __restrict__ kv_cache,
+                        const __grid_constant__ kdt::TensorMap kv_map, int kv_tma,
                         const int* __restrict__ block_table, const int* __restrict__ prefix_len,
                         const uint16_t* __restrict__ kv_tree, const uint32_t* __restrict__ mask,
                         const int* __restrict__ n_nodes, int G, int N, int H, int max_pages, int W,
                         float scale_log2e, int num_splits, int value_split, int out_bf16, void* __restrict__ out,
                         float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse) {
     extern __shared__ __align__(1024) unsigned char smem[];  // 1 KB: wgmma swizzle atoms
-    const va::FwdParams p{q, kv_cache, block_table, prefix_len, kv_tree, mask, n_nodes, G, N, H, max_pages, W,
-                          scale_log2e, num_splits, value_split, out_bf16, out, lse, part_o, part_lse};
+    const va::FwdParams p{q, kv_cache, &kv_map, kv_tma, block_table, prefix_len, kv_tree, mask, n_nodes, G, N, H,
+                          max_pages, W, scale_log2e, num_splits, value_split, out_bf16, out, lse, part_o,
+                          part_lse};
     const int tid = threadIdx.x;  // read here: only the kernel's own read carries its launch bounds
     kdt::after_previous_launch();  // then the combine's blocks may start, on the SMs this launch leaves idle
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -106,6 +114,7 @@ extern "C" __global__ void __launch_bounds__(va::THREADS, 1)
 // plan's pair_splits; value_split 1, num_splits even): part_o / part_lse hold num_splits / 2 slots.
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(va::THREADS, 1)
     kdt_verify_attn_fwd_paired(const uint16_t* __restrict__ q, const uint16_t* __restrict__ kv_cache,
+                               const __grid_constant__ kdt::TensorMap kv_map, int kv_tma,
                                const int* __restrict__ block_table, const int* __restrict__ prefix_len,
                                const uint16_t* __restrict__ kv_tree, const uint32_t* __restrict__ mask,
                                const int* __restrict__ n_nodes, int G, int N, int H, int max_pages, int W,
@@ -113,8 +122,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(va::THREA
                                void* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o,
                                float* __restrict__ part_lse) {
     extern __shared__ __align__(1024) unsigned char smem[];
-    const va::FwdParams p{q, kv_cache, block_table, prefix_len, kv_tree, mask, n_nodes, G, N, H, max_pages, W,
-                          scale_log2e, num_splits, value_split, out_bf16, out, lse, part_o, part_lse};
+    const va::FwdParams p{q, kv_cache, &kv_map, kv_tma, block_table, prefix_len, kv_tree, mask, n_nodes, G, N, H,
+                          max_pages, W, scale_log2e, num_splits, value_split, out_bf16, out, lse, part_o,
+                          part_lse};
     const int tid = threadIdx.x;
     kdt::after_previous_launch();
     va::attend_wgmma<true>(p, smem, tid);

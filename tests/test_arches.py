@@ -74,9 +74,11 @@ extern "C" __constant__ int kdt_verify_attn_combine_max_groups = 4;
 extern "C" __constant__ int kdt_verify_attn_combine_unroll = 8;
 extern "C" __constant__ int kdt_verify_attn_value_split_max = 1;
 extern "C" __constant__ int kdt_verify_attn_pair_merge = 0;
-extern "C" __global__ void kdt_verify_attn_fwd(const void*, const void*, const int*, const int*, const void*,
-                                               const unsigned*, const int*, int, int, int, int, int, float, int, int,
-                                               int, float* out, float*, float*, float*) {
+extern "C" __constant__ int kdt_verify_attn_tensor_keys = 0;
+struct alignas(64) Map { unsigned long long words[16]; };
+extern "C" __global__ void kdt_verify_attn_fwd(const void*, const void*, const __grid_constant__ Map, int, const int*,
+                                               const int*, const void*, const unsigned*, const int*, int, int, int,
+                                               int, int, float, int, int, int, float* out, float*, float*, float*) {
     extern __shared__ float s[]; s[threadIdx.x] = 1.f; out[threadIdx.x] = s[255 - threadIdx.x]; }
 extern "C" __global__ void kdt_verify_attn_combine(const float*, const float*, const int*, int, int, int, int, int,
                                                    int, int, float* out, float*) { out[threadIdx.x] = 0.f; }

@@ -61,6 +61,11 @@ def test_packed_arguments_put_each_one_where_its_pointer_says():
         assert got[:len(expected)] == expected, (arg, got)
     assert ctypes.addressof(buffer) == pointers[0]
     assert len(common._packed_arguments(())[1]) == 1   # the driver reads no parameter, but the array exists
+    # a tensor map's 128 bytes between 8-byte slots, each where its pointer says
+    tensor_map = bytes(range(128))
+    buffer, pointers = common._packed_arguments((np.int32(5), tensor_map, np.int32(6), array))
+    assert [ctypes.string_at(pointer, n) for pointer, n in zip(pointers, (4, 128, 4, 8))] == [
+        np.int32(5).tobytes(), tensor_map, np.int32(6).tobytes(), array.data.ptr.to_bytes(8, sys.byteorder)]
     with pytest.raises(TypeError, match="int16"):
         common._packed_arguments((np.int16(1),))
 
@@ -73,8 +78,8 @@ def test_run_plan_overlaps_in_graphs_only_while_the_stream_is_captured(monkeypat
 
     calls, asked = [], []
     monkeypatch.setattr(common, "kernel_function", lambda module, launch: launch.function)
-    monkeypatch.setattr(common, "_launch_overlapping",
-                        lambda function, launch, args, stream: calls.append((function.name, "overlapping")))
+    monkeypatch.setattr(common, "_launch_ex", lambda function, launch, args, stream, overlaps: calls.append(
+        (function.name, "overlapping" if overlaps else "driver")))
 
     class Plain:
         def __init__(self, name):
@@ -110,6 +115,25 @@ def test_run_plan_overlaps_in_graphs_only_while_the_stream_is_captured(monkeypat
     assert asked == []
 
 
+def test_run_plan_passes_tensor_maps_by_the_driver_call(monkeypatch):
+    """A launch with a TensorMap argument goes through cuLaunchKernelEx (CuPy's call passes no 128-byte struct),
+    without programmatic serialization unless the launch overlaps, the map's bytes made from the named array."""
+    from kdt.launch.plan import KernelLaunch, LaunchPlan, TensorMap
+
+    calls = []
+    monkeypatch.setattr(common, "kernel_function", lambda module, launch: launch.function)
+    monkeypatch.setattr(common, "_tensor_map", lambda arg, arrays: bytes([len(arrays[arg.array])]) * 128)
+    monkeypatch.setattr(common, "_launch_ex", lambda function, launch, args, stream, overlaps: calls.append(
+        (function, args, overlaps)))
+    args = (np.int32(1), TensorMap("keys", 64, 64), np.int32(2))
+    plan = LaunchPlan("stage", "path", (KernelLaunch("mapped", (1, 1, 1), 32, args),
+                                        KernelLaunch("mapped_overlapping", (1, 1, 1), 32, args,
+                                                     overlaps_previous=True)))
+    common.run_plan(None, plan, {"keys": [0, 0, 0]}, None, None)
+    assert calls == [("mapped", (np.int32(1), bytes([3]) * 128, np.int32(2)), False),
+                     ("mapped_overlapping", (np.int32(1), bytes([3]) * 128, np.int32(2)), True)]
+
+
 @pytest.mark.gpu
 def test_auto_overlaps_tree_build_in_a_captured_graph_and_not_eagerly(monkeypatch):
     """The knob's auto on a real stream: tree-build (which overlaps in graphs) goes through cuLaunchKernelEx while
@@ -119,9 +143,9 @@ def test_auto_overlaps_tree_build_in_a_captured_graph_and_not_eagerly(monkeypatc
     from kdt import ops
 
     overlapped = []
-    real = common._launch_overlapping
-    monkeypatch.setattr(common, "_launch_overlapping",
-                        lambda *args: overlapped.append(args[1].function) or real(*args))
+    real = common._launch_ex
+    monkeypatch.setattr(common, "_launch_ex",
+                        lambda *args: (args[4] and overlapped.append(args[1].function)) or real(*args))
     rng = np.random.default_rng(3)
     logp = -np.sort(rng.exponential(1.0, (2, 15, 8)).astype(np.float32), axis=-1)
     top_logp, top_ids = cupy.asarray(logp), cupy.asarray(rng.integers(0, 1000, logp.shape, dtype=np.int32))

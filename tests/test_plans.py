@@ -12,7 +12,7 @@ import pytest
 from kdt import build, golden, ops, runtime, stages
 from kdt.dtypes import name as dtype_name
 from kdt.launch import topk as topk_launcher
-from kdt.launch.plan import IN_GRAPHS, ArraySpec, Target, make_knobs, parse_knob_options
+from kdt.launch.plan import IN_GRAPHS, ArraySpec, Target, TensorMap, make_knobs, parse_knob_options
 from kdt.refs.errors import BadInput
 
 pytestmark = pytest.mark.compile   # plans are made from the real cubins' constants
@@ -252,10 +252,10 @@ def test_tree_build_estimates_the_wide_threshold_from_its_budget_and_knob(target
 
 @pytest.mark.nvcc
 def test_verify_attn_splits_fill_the_gpu_from_shapes_alone(targets):
-    def plan(groups, heads, slots, prefix, sms=132, arch="sm_90", **knobs):
+    def plan(groups, heads, slots, prefix, sms=132, arch="sm_90", kv_alignment=256, **knobs):
         pages = prefix // 64
         inputs = {"q": ArraySpec((groups, slots, heads, 576), "bfloat16"),
-                  "kv_cache": ArraySpec((groups * pages, 64, 576), "bfloat16"),
+                  "kv_cache": ArraySpec((groups * pages, 64, 576), "bfloat16", kv_alignment),
                   "block_table": ArraySpec((groups, pages), "int32"), "prefix_len": ArraySpec((groups,), "int32"),
                   "kv_tree": ArraySpec((groups, slots, 576), "bfloat16"),
                   "mask": ArraySpec((groups, slots, (slots + 31) // 32), "uint32"),
@@ -298,7 +298,7 @@ def test_verify_attn_splits_fill_the_gpu_from_shapes_alone(targets):
     assert plan(1, 8, 8, 1024).fact("value split") == 1                      # the mma.sync build: never
     one_tile = plan(1, 8, 8, 1024, arch="sm_90a")
     assert one_tile.fact("value split") == 2 and one_tile.launches[0].grid == (2, 1, 17)
-    assert one_tile.launches[0].args[14] == 2 and one_tile.launches[0].args[13] == 17
+    assert one_tile.launches[0].args[16] == 2 and one_tile.launches[0].args[15] == 17
     assert one_tile.workspace_bytes == plan(1, 8, 8, 1024).workspace_bytes   # the partials are as wide as before
     assert plan(1, 8, 16, 1024, arch="sm_90a").fact("value split") == 2     # 2 x 17 x 2 = 68 CTAs <= 132
     assert plan(1, 8, 16, 1024, arch="sm_90a", split_values=0.5).fact("value split") == 1   # 68 > 66
@@ -317,16 +317,32 @@ def test_verify_attn_splits_fill_the_gpu_from_shapes_alone(targets):
     paired = plan(1, 8, 16, 8192, arch="sm_90a")              # 2 query tiles x 43 splits -> 44 (88 CTAs)
     assert paired.fact("paired splits") is True and paired.fact("splits") == 44
     assert paired.launches[0].function == "kdt_verify_attn_fwd_paired" and paired.launches[0].cluster == 2
-    assert paired.launches[0].grid == (2, 1, 44) and paired.launches[0].args[13] == 44
+    assert paired.launches[0].grid == (2, 1, 44) and paired.launches[0].args[15] == 44
     assert paired.launches[1].args[6] == 22 and paired.launches[1].block == 384      # 22 slots: 3 groups
     assert paired.workspace_bytes == 22 * 1 * 2 * 64 * 513 * 4
     unpaired = plan(1, 8, 16, 8192, arch="sm_90a", pair_splits=False)
     assert unpaired.fact("paired splits") is False and unpaired.fact("splits") == 43
     assert unpaired.launches[0].function == "kdt_verify_attn_fwd" and unpaired.launches[0].cluster == 1
-    assert plan(4, 8, 8, 32768, arch="sm_90a").fact("paired splits") is False   # 4 x 34 CTAs: a second wave
+    # 33 splits made even: 4 x 34 CTAs would need a second wave, so 32 (the kernel's per = 17 tiles: 31 splits hold
+    # the 513, the last pair's rank 1 none)
+    fewer = plan(4, 8, 8, 32768, arch="sm_90a")
+    assert fewer.fact("paired splits") is True and fewer.fact("splits") == 32 and fewer.launches[0].grid == (1, 4, 32)
+    assert plan(4, 8, 8, 32768, arch="sm_90a", pair_splits=False).fact("splits") == 33
+    assert plan(4, 8, 8, 32768, arch="sm_90a", splits=5, split_values=0).fact("splits") == 6   # 24 CTAs fit
+    assert plan(24, 8, 8, 32768, arch="sm_90a", splits=5).fact("splits") == 4    # 24 x 6 > 132: one fewer
+    assert plan(24, 8, 8, 32768, arch="sm_90a", splits=3).fact("paired splits") is False   # 2 would leave 1 slot
     assert plan(16, 8, 8, 8192, arch="sm_90a").fact("paired splits") is True    # 16 x 8
     assert plan(1, 8, 8, 1024, arch="sm_90a").fact("paired splits") is False    # the value split instead
     assert plan(1, 8, 16, 8192).fact("paired splits") is False                  # the mma.sync build: never
+    # whole prefix tiles by tensor copy (sm_90a): a map of kv_cache with 64 x 64 boxes, and the flag that it is one
+    mapped = plan(1, 8, 16, 8192, arch="sm_90a").launches[0].args
+    assert mapped[2] == TensorMap("kv_cache", 64, 64) and mapped[3] == 1
+    assert plan(1, 8, 16, 8192, arch="sm_90a").launches[0].arg_sizes[:4] == (8, 8, 128, 4)
+    assert plan(1, 8, 16, 8192, arch="sm_90a").fact("keys by tensor copy") is True
+    for made in (plan(1, 8, 16, 8192), plan(1, 8, 16, 8192, arch="sm_90a", tensor_keys=False),
+                 plan(1, 8, 16, 8192, arch="sm_90a", kv_alignment=8)):
+        assert made.launches[0].args[2:4] == (TensorMap("kv_cache", 64, 64, encode=False), 0)
+        assert made.fact("keys by tensor copy") is False
 
 
 @pytest.mark.nvcc

@@ -9,7 +9,7 @@ from typing import Mapping
 
 import numpy as np
 
-from kdt.launch.plan import KernelLaunch, LaunchPlan, Workspace
+from kdt.launch.plan import KernelLaunch, LaunchPlan, TensorMap, Workspace
 
 PORTABLE_CLUSTER = 8                          # larger clusters need the function's non-portable opt-in
 NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14        # CUfunction_attribute
@@ -46,19 +46,26 @@ def run_plan(module, plan: LaunchPlan, arrays: Mapping[str, object], workspace, 
     capturing = None   # asked of the stream once, and only by a launch that overlaps in graphs alone
     for launch in plan.launches:
         # a workspace pointer goes as its 8 bytes, as NULL does: what a slice of the workspace would pass, without
-        # building a CuPy array for it
+        # building a CuPy array for it; a tensor map as its 128 bytes
         args = tuple([arrays[arg] if isinstance(arg, str) else
-                      np.uint64(workspace.data.ptr + arg.offset) if isinstance(arg, Workspace) else arg
+                      np.uint64(workspace.data.ptr + arg.offset) if isinstance(arg, Workspace) else
+                      _tensor_map(arg, arrays) if isinstance(arg, TensorMap) else arg
                       for arg in launch.args])
         function = kernel_function(module, launch)
         overlaps = launch.overlaps_previous
         if launch.overlaps_previous_in_graphs and not overlaps:
             capturing = stream.is_capturing() if capturing is None else capturing   # a CuPy stream
             overlaps = capturing
-        if overlaps:
-            _launch_overlapping(function, launch, args, stream)
+        if overlaps or any(isinstance(arg, bytes) for arg in args):   # CuPy's call passes no 128-byte struct
+            _launch_ex(function, launch, args, stream, overlaps)
         else:
             function(launch.grid, (launch.block, 1, 1), args, shared_mem=launch.dynamic_smem, stream=stream)
+
+
+def _tensor_map(arg: TensorMap, arrays: Mapping[str, object]) -> bytes:
+    from kdt.launch.tensor_map import tensor_map_bytes
+
+    return tensor_map_bytes(arg, arrays[arg.array])
 
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6         # CUlaunchAttributeID (cuda.h)
@@ -101,31 +108,39 @@ _SCALAR_SLOTS = {np.int32: "i4x", np.uint32: "I4x", np.float32: "f4x", np.int64:
 
 def _packed_arguments(args: tuple) -> tuple[ctypes.Array, ctypes.Array]:
     """(one buffer of every argument's bytes, the array of pointers into it that the driver reads them through).
-    An argument is its bytes (an array's device pointer, a numpy scalar as it is) in its own 8-byte slot, all
-    packed by one struct.pack: the bytes of each argument apart, and a cast each, took twice the host time."""
-    layout, values = "=", []
+    An argument is its bytes (an array's device pointer, a numpy scalar as it is) in its own 8-byte slot, or (a
+    tensor map's 128 bytes) its own 128-byte slot, all packed by one struct.pack: the bytes of each argument apart,
+    and a cast each, took twice the host time."""
+    layout, values, offsets, offset = "=", [], [], 0
     for arg in args:
-        if isinstance(arg, np.generic):
+        offsets.append(offset)
+        if isinstance(arg, bytes):
+            layout += f"{len(arg)}s"
+            offset += len(arg)
+        elif isinstance(arg, np.generic):
             slot = _SCALAR_SLOTS.get(type(arg))
             if slot is None:   # a launcher's mistake: plans pass these types only
                 raise TypeError(f"a kernel argument of type {type(arg).__name__}: expected one of "
-                                f"{', '.join(t.__name__ for t in _SCALAR_SLOTS)} or a device array")
+                                f"{', '.join(t.__name__ for t in _SCALAR_SLOTS)}, a device array or a tensor map")
             layout += slot
-            values.append(arg)
+            offset += 8
         else:
             layout += _POINTER_SLOT
-            values.append(arg.data.ptr)
+            offset += 8
+            arg = arg.data.ptr
+        values.append(arg)
     buffer = ctypes.create_string_buffer(struct.pack(layout, *values))
     base = ctypes.addressof(buffer)
-    return buffer, (ctypes.c_void_p * max(1, len(args)))(*range(base, base + 8 * len(args), 8))
+    return buffer, (ctypes.c_void_p * max(1, len(args)))(*(base + at for at in offsets))
 
 
-def _launch_overlapping(function, launch: KernelLaunch, args: tuple, stream) -> None:
-    """`function` launched with programmatic stream serialization (see KernelLaunch.overlaps_previous)."""
+def _launch_ex(function, launch: KernelLaunch, args: tuple, stream, overlaps: bool) -> None:
+    """`function` launched by cuLaunchKernelEx, with programmatic stream serialization where `overlaps` (see
+    KernelLaunch.overlaps_previous)."""
     buffer, params = _packed_arguments(args)   # the buffer must live until the driver has copied the arguments
     config = _LaunchConfig(grid=(ctypes.c_uint32 * 3)(*launch.grid), block=(ctypes.c_uint32 * 3)(launch.block, 1, 1),
-                           shared_mem=launch.dynamic_smem, stream=stream.ptr, attrs=_programmatic_serialization(),
-                           num_attrs=1)
+                           shared_mem=launch.dynamic_smem, stream=stream.ptr,
+                           attrs=_programmatic_serialization() if overlaps else None, num_attrs=1 if overlaps else 0)
     result = _launch_kernel_ex()(ctypes.byref(config), function.kernel.ptr, params, None)
     if result != 0:
         raise RuntimeError(f"cuLaunchKernelEx of {launch.function} failed: CUresult {result}")

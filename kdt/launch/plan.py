@@ -70,9 +70,25 @@ class Workspace:
 
 
 @dataclass(frozen=True)
+class TensorMap:
+    """A tensor map (the driver's CUtensorMap, 128 bytes, passed by value) of the bf16 array named `array`, seen as
+    2D: [rows, cols], cols its last dimension and rows all the others. The tensor-copy engine moves one box of
+    box_rows x box_cols elements a copy into shared memory with the 128-byte swizzle (so box_cols * 2 bytes is
+    128 at most). `encode` False passes 128 zero bytes (a kernel told not to use the map). Made at launch from the
+    array's address (kdt/launch/tensor_map.py)."""
+
+    array: str
+    box_rows: int
+    box_cols: int
+    encode: bool = True
+
+    SIZE = 128
+
+
+@dataclass(frozen=True)
 class KernelLaunch:
     """One kernel launch. `args` are, in order: input or output names (their device pointers), `Workspace`
-    pointers, `NULL`, and numpy scalars (np.int32, np.float32) passed as they are."""
+    pointers, `NULL`, numpy scalars (np.int32, np.float32) passed as they are, and `TensorMap`s."""
 
     function: str
     grid: tuple[int, int, int]
@@ -154,8 +170,10 @@ def _arg_size(arg) -> int:
         return 8                  # a device pointer
     if isinstance(arg, np.generic):
         return arg.itemsize       # NULL (a np.uint64) and the scalars, passed as they are
+    if isinstance(arg, TensorMap):
+        return TensorMap.SIZE
     raise TypeError(f"a launch argument of type {type(arg).__name__} ({arg!r}): expected an input or output name, "
-                    "a Workspace, NULL or a numpy scalar")
+                    "a Workspace, NULL, a numpy scalar or a TensorMap")
 
 
 def _describe(arg) -> str:
@@ -165,6 +183,8 @@ def _describe(arg) -> str:
         return f"workspace+{arg.offset}"
     if isinstance(arg, np.uint64) and arg == NULL:
         return "null"
+    if isinstance(arg, TensorMap):
+        return f"tensor map of {arg.array} ({arg.box_rows} x {arg.box_cols} boxes)" if arg.encode else "no tensor map"
     return repr(arg.item() if isinstance(arg, np.generic) else arg)
 
 

@@ -16,7 +16,11 @@ device for the partials.
 
 Pair merge (sm_90a, kdt_verify_attn_pair_merge = 1; `pair_splits`): splits 2c and 2c + 1 run as a cluster of two
 (kdt_verify_attn_fwd_paired) that merges their partials over distributed shared memory into one, slot c: the
-workspace, the stores and the combine's reads are half as large.
+workspace, the stores and the combine's reads are half as large (an odd split count made even by one more split,
+or by one fewer where one more would need a second wave).
+
+Tensor keys (sm_90a, kdt_verify_attn_tensor_keys = 1; `tensor_keys`): the main kernel copies the prefix tiles whole
+in their page by the tensor-copy engine through a tensor map of kv_cache (a `TensorMap` argument, made at launch).
 
 Value split (sm_90a, kdt_verify_attn_value_split_max = 2): where even the doubled grid leaves SMs idle, two CTAs
 share each query tile and split, each computing S and writing half the value columns: half the partial bytes and
@@ -29,7 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdt.launch.plan import ArraySpec, KernelLaunch, LaunchKnobs, LaunchPlan, NULL, Target, Workspace, cdiv, knob
+from kdt.launch.plan import (ArraySpec, KernelLaunch, LaunchKnobs, LaunchPlan, NULL, Target, TensorMap, Workspace, cdiv,
+                             knob)
 
 LOG2E = 1.4426950408889634
 FWD = "kdt_verify_attn_fwd"
@@ -55,6 +60,9 @@ class Knobs(LaunchKnobs):
     pair_splits: bool = knob(True, "merge the partials of splits 2c and 2c + 1 in a cluster of two over distributed "
                                    "shared memory (sm_90a, no value split, 4 or more splits that fit one wave "
                                    "once even): half the partial bytes to store and to combine")
+    tensor_keys: bool = knob(True, "the prefix's key tiles whole in their page by the tensor-copy engine (one "
+                                   "thread, a tensor map of kv_cache; sm_90a, kv_cache 16-byte aligned); the "
+                                   "others by cp.async")
     discard_partials_mb: float = knob(50.0, "the combine drops the partials it has read from L2 unwritten where "
                                             "the call streams more than this many MB of keys (the H200's L2: "
                                             "its dirty partials would be written back to DRAM before the next "
@@ -85,13 +93,19 @@ def value_split(ctas: int, target: Target, knobs: Knobs) -> int:
     return most if most > 1 and ctas * most <= knobs.split_values * target.multiprocessors else 1
 
 
-def pair_splits(ctas_per_split: int, splits: int, values: int, target: Target, knobs: Knobs) -> bool:
-    """Whether splits 2c and 2c + 1 run as a cluster of two that merges their partials (kdt_verify_attn_fwd_paired):
-    where the cubin has it (sm_90a), without a value split, with 4 or more splits (the combine still merges two or
-    more slots) whose count, made even, still fits one wave."""
+def paired_splits(ctas_per_split: int, splits: int, values: int, target: Target, knobs: Knobs) -> int:
+    """The split count with which splits 2c and 2c + 1 run as a cluster of two that merges their partials
+    (kdt_verify_attn_fwd_paired), or 0 where they do not: where the cubin has it (sm_90a), without a value split,
+    with 4 or more splits (the combine still merges two or more slots). An odd count is made even by one more split
+    where that still fits one wave, else by one fewer (G4 N8 P32768: 33 -> 32 splits of 17 tiles, 0.94-0.96 of
+    33 unpaired on the H200)."""
+    if not (knobs.pair_splits and target.constant("kdt_verify_attn_pair_merge") == 1 and values == 1
+            and splits >= 4):
+        return 0
     even = splits + splits % 2
-    return (knobs.pair_splits and target.constant("kdt_verify_attn_pair_merge") == 1 and values == 1 and splits >= 4
-            and ctas_per_split * even <= target.multiprocessors)
+    if ctas_per_split * even > target.multiprocessors:
+        even = splits - splits % 2
+    return even if even >= 4 and ctas_per_split * even <= target.multiprocessors else 0
 
 
 def discard_partials(groups: int, slots: int, max_pages: int, target: Target, knobs: Knobs) -> bool:
@@ -102,6 +116,12 @@ def discard_partials(groups: int, slots: int, max_pages: int, target: Target, kn
     key_bytes = groups * (max_pages * target.constant("kdt_verify_attn_page") + slots) * target.constant(
         "kdt_verify_attn_dqk") * 2
     return key_bytes > knobs.discard_partials_mb * 2**20
+
+
+def tensor_keys(kv_cache: ArraySpec, target: Target, knobs: Knobs) -> bool:
+    """Whether the main kernel copies whole prefix tiles by tensor copy: where its cubin can (sm_90a), the knob
+    asks for it and kv_cache's address is 16-byte aligned (a tensor map's requirement)."""
+    return knobs.tensor_keys and target.constant("kdt_verify_attn_tensor_keys") == 1 and kv_cache.alignment % 16 == 0
 
 
 def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knobs) -> LaunchPlan:
@@ -115,10 +135,12 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     tiles = cdiv(slots * heads, rows_per_cta)
     splits = num_splits(groups, slots, heads, max_pages, target, knobs)
     values = value_split(groups * tiles * splits, target, knobs)
-    paired = pair_splits(groups * tiles, splits, values, target, knobs)
-    splits += splits % 2 if paired else 0     # the kernel gives any last, empty split's slot to its partner
+    # paired, the kernel spreads the tiles over the even count; a last, empty split gives its slot to its partner
+    even = paired_splits(groups * tiles, splits, values, target, knobs)
+    paired, splits = even > 0, even or splits
     partials = splits // 2 if paired else splits   # partials written (a pair writes one)
     discard = splits > 1 and discard_partials(groups, slots, max_pages, target, knobs)
+    tma = tensor_keys(inputs["kv_cache"], target, knobs)
     out_bf16 = np.int32(1 if params.get("out_dtype", "float32") == "bfloat16" else 0)
     scale_log2 = np.float32(float(params["softmax_scale"]) * LOG2E)
     if splits > 1:
@@ -131,7 +153,8 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
     # plain in captured graphs too (the knob overlap_previous's auto): overlapped, the tp8 set ran 0.97-1.06 by shape
     # (H200, plans/perf-notes.md, "Programmatic dependent launch")
     fwd = KernelLaunch(FWD_PAIRED if paired else FWD, (tiles * values, groups, splits), c("threads"),
-                       ("q", "kv_cache", "block_table", "prefix_len", "kv_tree", "mask", "n_nodes",
+                       ("q", "kv_cache", TensorMap("kv_cache", c("page"), 64, encode=tma), np.int32(tma),
+                        "block_table", "prefix_len", "kv_tree", "mask", "n_nodes",
                         np.int32(groups), np.int32(slots), np.int32(heads), np.int32(max_pages), np.int32(words),
                         scale_log2, np.int32(splits), np.int32(values), out_bf16, "out", "lse", part_o, part_lse),
                        c("smem_bytes"), cluster=2 if paired else 1)
@@ -147,6 +170,6 @@ def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knob
                                   and fwd.blocks <= target.multiprocessors // 2),)
     path = "split prefix + combine" if splits > 1 else "one CTA per query tile"
     facts = (("query tiles", tiles), ("splits", splits), ("value split", values),
-             ("paired splits", paired), ("partials discarded", discard))
+             ("paired splits", paired), ("partials discarded", discard), ("keys by tensor copy", tma))
     return LaunchPlan("verify-attn", path, launches, workspace, facts, knobs)
 

@@ -123,6 +123,20 @@ __device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const void* sr
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
+// A tensor map (the driver's CUtensorMap: 128 bytes, 64-byte aligned), made on the host (kdt/launch/tensor_map.py)
+// and passed by value as a __grid_constant__ parameter, whose address the tensor copies take.
+struct alignas(64) TensorMap {
+    unsigned long long words[16];
+};
+// The box at coordinates (x innermost, y) of the 2D tensor that `map` describes, copied by the tensor-copy engine
+// into this block's shared memory at `dst` (laid out and swizzled as the map says) and completed on mbarrier `bar`
+// like bulk_copy_to_shared.
+__device__ __forceinline__ void tensor_copy_2d_to_shared(uint32_t dst, const TensorMap* map, int x, int y,
+                                                         uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+        ::"r"(dst), "l"(map), "r"(x), "r"(y), "r"(bar) : "memory");
+}
 // `bytes` (a multiple of 16, `src` 16-byte aligned) of global memory fetched into L2 by the bulk-copy engine, no
 // completion to wait for: a later load of them hits L2. A hint: it orders nothing, so no "memory" clobber.
 __device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {

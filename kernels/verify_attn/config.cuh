@@ -92,7 +92,8 @@ constexpr int MB_PREADY = 0;                  // WG0 -> WG1: P_k and alpha_k are
 constexpr int MB_FULL = 1;                    // WG1 -> WG0: tile k+1 has landed (cp.async by WG1)
 constexpr int MB_EMPTY = 2;                   // + buffer k & 1: both warpgroups' P V of tile k has retired
 constexpr int MB_SDONE = MB_EMPTY + STAGES;   // WG0 -> WG0: every warp's S wgmma of tile k has retired
-constexpr int PIPE_MBARS = MB_SDONE + 1;      // PREADY, FULL, EMPTY[0], EMPTY[1], SDONE
+constexpr int MB_LANDED = MB_SDONE + 1;       // + buffer: a key tile by tensor copy has landed (its bytes complete it)
+constexpr int PIPE_MBARS = MB_LANDED + STAGES;  // PREADY, FULL, EMPTY[0], EMPTY[1], SDONE, LANDED[0], LANDED[1]
 constexpr int MB_HANDOFF_ARRIVALS = WG_THREADS;  // PREADY, SDONE (WG0 arrives), FULL (WG1 arrives)
 // EMPTY: every thread of both warpgroups arrives after its P V wait, WG1 then waits: WG1's own four warps
 // must all be past their P V reads of the buffer as well (each warp's slice of the m64n256 wgmma reads all
@@ -139,7 +140,7 @@ constexpr float LN2 = 0.693147180559945309f;
 // ---- what the code relies on
 static_assert(OFF_BAR % 8 == 0, "mbarrier objects are 8-byte aligned");
 static_assert(MB_PREADY >= 0 && MB_FULL > MB_PREADY && MB_EMPTY > MB_FULL && MB_SDONE >= MB_EMPTY + STAGES &&
-                  MB_HANDOFF_ARRIVALS == WG_THREADS &&
+                  MB_LANDED > MB_SDONE && MB_HANDOFF_ARRIVALS == WG_THREADS &&
                   MB_EMPTY_ARRIVALS == 2 * WG_THREADS,
               "sm_90a pipeline: distinct mbarriers; arrival count = threads that arrive on each");
 static_assert(!WGMMA || (THREADS == 2 * WG_THREADS && PIPE_NT == 8 && P_BLK == 8 && KV_T == PAGE &&

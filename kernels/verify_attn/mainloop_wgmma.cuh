@@ -1,10 +1,11 @@
 // kernels/verify_attn/mainloop_wgmma.cuh -- kdt_verify_attn_fwd on sm_90a (attend_wgmma): the warp-specialised
 // wgmma pipeline. Warpgroup 0 computes S = Q K^T (m64n64: all keys of a tile over all of Dqk), the online softmax
-// and P V for value columns 0..255; warpgroup 1 loads the key tiles (cp.async) and computes P V for columns
-// 256..511. P_k lives in the rope column block of tile k's own buffer; the handoffs are shared-memory mbarriers
-// (config.cuh, MB_*). With value_split = 2 a CTA owns half the value columns: warpgroup 0 computes S and the
-// softmax only, warpgroup 1 P V of the CTA's 256 columns (under warpgroup 0's S of the next tile). Compiled only for
-// sm_90a. Schedule, mbarrier parities and their proofs: plans/kernels/verify-attn.md, "sm_90a pipeline".
+// and P V for value columns 0..255; warpgroup 1 loads the key tiles (cp.async, or whole prefix pages by tensor
+// copy) and computes P V for columns 256..511. P_k lives in the rope column block of tile k's own buffer; the
+// handoffs are shared-memory mbarriers (config.cuh, MB_*). With value_split = 2 a CTA owns half the value columns:
+// warpgroup 0 computes S and the softmax only, warpgroup 1 P V of the CTA's 256 columns (under warpgroup 0's S of
+// the next tile). Compiled only for sm_90a. Schedule, mbarrier parities and their proofs:
+// plans/kernels/verify-attn.md, "sm_90a pipeline".
 #pragma once
 
 #include <stdint.h>
@@ -25,6 +26,7 @@ using kdt::cp_async_commit;
 using kdt::cp_async_wait;
 using kdt::fence_proxy_async;
 using kdt::mbar_arrive;
+using kdt::mbar_arrive_expect_tx;
 using kdt::mbar_init;
 using kdt::mbar_wait;
 using kdt::pack_bf16;
@@ -222,7 +224,9 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
     if (tid == 0) {
 #pragma unroll
         for (int i = 0; i < PIPE_MBARS; ++i)
-            mbar_init(sBar + 8 * i, (i >= MB_EMPTY && i < MB_SDONE) ? MB_EMPTY_ARRIVALS : MB_HANDOFF_ARRIVALS);
+            mbar_init(sBar + 8 * i, (i >= MB_EMPTY && i < MB_SDONE) ? MB_EMPTY_ARRIVALS
+                                    : i >= MB_LANDED                    ? 1
+                                                                        : MB_HANDOFF_ARRIVALS);
     }
 
     // ---- prologue: Q + tile kb (all threads), tile kb+1 (WG1, its own cp.async group, left in flight)
@@ -336,8 +340,11 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
             }
         }
     } else {
-        // ---- WG1: key tile loads (tile k+2 into tile k's buffer), its half of P V
+        // ---- WG1: key tile loads (tile k+2 into tile k's buffer), its half of P V. With kv_tma the prefix tiles
+        // whole in their page (k < plen / KV_T) come by tensor copy, issued by WG1's first thread on LANDED[buffer]
+        // (the tiles before any cp.async one, so the n-th use of a buffer's LANDED is its n-th tensor copy).
         int page2 = kb + 2 < n_pref ? __ldg(bt_row + ((kb + 2) * KV_T) / PAGE) : 0;
+        const int tma_tiles = p.kv_tma ? plen / KV_T : 0;
         for (int k = kb; k < ke; ++k) {
             const int it = k - kb;
             const uint32_t tile = sKV + static_cast<uint32_t>((it & 1) * KV_TILE_BYTES);
@@ -347,10 +354,15 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
             pv_wgmma(o, tile + static_cast<uint32_t>(P_BLK * BLK),
                      tile + static_cast<uint32_t>(value_block * (PV_WG_N / 64) * BLK));
             if (k + 1 < ke) {
-                // tile k+1 (the only cp.async group in flight) -> visible to WG0's S wgmma; waited while
-                // this warpgroup's P V runs
-                cp_async_wait<0>();
-                fence_proxy_async();
+                // tile k+1 -> visible to WG0's S wgmma, waited while this warpgroup's P V runs: the only cp.async
+                // group in flight, or (from the third tile on) the tensor copy issued in iteration it - 1 into
+                // buffer (it + 1) & 1, that buffer's ((it - 1) >> 1)-th
+                if (it >= 1 && k + 1 < tma_tiles) {
+                    mbar_wait(sBar + 8 * (MB_LANDED + ((it + 1) & 1)), ((it - 1) >> 1) & 1);
+                } else {
+                    cp_async_wait<0>();
+                    fence_proxy_async();
+                }
                 mbar_arrive(mb_full);  // release: tile k+1, and this thread's alpha_k read (FULL phase it)
             }
             wgmma_retire(o);
@@ -361,8 +373,20 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
                 const uint32_t mb_empty = sBar + 8 * (MB_EMPTY + (it & 1));
                 mbar_arrive(mb_empty);
                 mbar_wait(mb_empty, (it >> 1) & 1);
-                load_kv_tile_wg1(tile, k + 2, page2, n_pref, plen, N, g, kv_cache, kv_tree);
-                cp_async_commit();
+                if (k + 2 < tma_tiles) {
+                    // page page2 whole: nine 64-column boxes, each a 128-byte-swizzled column block of the tile
+                    if (tid == WG_THREADS) {
+                        const uint32_t landed = sBar + 8 * (MB_LANDED + (it & 1));
+                        mbar_arrive_expect_tx(landed, KV_TILE_BYTES);
+#pragma unroll
+                        for (int i = 0; i < DQK / 64; ++i)
+                            kdt::tensor_copy_2d_to_shared(tile + static_cast<uint32_t>(BLK * i), p.kv_map, 64 * i,
+                                                          page2 * PAGE, landed);
+                    }
+                } else {
+                    load_kv_tile_wg1(tile, k + 2, page2, n_pref, plen, N, g, kv_cache, kv_tree);
+                    cp_async_commit();
+                }
                 page2 = k + 3 < n_pref ? __ldg(bt_row + ((k + 3) * KV_T) / PAGE) : 0;
             }
         }

@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "common/ptx.cuh"
 #include "verify_attn/config.cuh"
 
 namespace va {
@@ -13,6 +14,8 @@ namespace va {
 struct FwdParams {
     const uint16_t* q;                   // bf16 [G, N, H, DQK]
     const uint16_t* kv_cache;            // bf16 [pages, PAGE, DQK]
+    const kdt::TensorMap* kv_map;        // kv_cache as 2D [pages * PAGE, DQK], 64 x 64 boxes, 128-byte swizzle
+    int kv_tma;                          // 1: whole prefix tiles by tensor copy through kv_map (sm_90a), else 0
     const int* block_table;              // int32 [G, max_pages]
     const int* prefix_len;               // int32 [G]
     const uint16_t* kv_tree;             // bf16 [G, N, DQK]
