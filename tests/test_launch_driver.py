@@ -70,6 +70,34 @@ def test_packed_arguments_put_each_one_where_its_pointer_says():
         common._packed_arguments((np.int16(1),))
 
 
+def test_a_launch_keeps_its_buffer_and_packs_each_calls_arguments(monkeypatch):
+    """cuLaunchKernelEx's arguments and config are built once a launch (per thread) and refilled each call: the
+    driver must read this call's pointers, scalars, tensor map and stream, with the attribute only when it
+    overlaps."""
+    from kdt.launch.plan import KernelLaunch
+
+    seen = []
+
+    def driver(config, function, params, extra):
+        config = config._obj
+        seen.append((function, config.stream, config.num_attrs, ctypes.string_at(params[0], 8),
+                     ctypes.string_at(params[1], 128), ctypes.string_at(params[2], 4)))
+        return 0
+
+    monkeypatch.setattr(common, "_launch_kernel_ex", lambda: driver)
+    monkeypatch.setattr(common, "_prepared", __import__("threading").local())
+    launch = KernelLaunch("f", (2, 1, 3), 64, ())
+    function = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=99))
+    pointer = lambda value: types.SimpleNamespace(data=types.SimpleNamespace(ptr=value))
+    for value, stream, overlaps in ((0x1000, 7, False), (0x2000, 8, False), (0x3000, 9, True)):
+        common._launch_ex(function, launch, (pointer(value), bytes([value >> 12]) * 128, np.int32(value)),
+                          types.SimpleNamespace(ptr=stream), overlaps)
+    assert seen == [(99, stream, int(overlaps), value.to_bytes(8, sys.byteorder), bytes([value >> 12]) * 128,
+                     np.int32(value).tobytes()) for value, stream, overlaps in
+                    ((0x1000, 7, False), (0x2000, 8, False), (0x3000, 9, True))]
+    assert len(common._prepared.launches) == 2          # one entry per launch and overlap, reused
+
+
 def test_run_plan_overlaps_in_graphs_only_while_the_stream_is_captured(monkeypatch):
     """A launch that overlaps "in graphs" goes through cuLaunchKernelEx while its stream is being captured and
     through the plain call otherwise; one that always overlaps does so either way; the stream is asked once a

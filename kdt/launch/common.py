@@ -5,11 +5,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import struct
+import threading
 from typing import Mapping
 
 import numpy as np
 
 from kdt.launch.plan import KernelLaunch, LaunchPlan, TensorMap, Workspace
+from kdt.launch.tensor_map import tensor_map_bytes
 
 PORTABLE_CLUSTER = 8                          # larger clusters need the function's non-portable opt-in
 NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14        # CUfunction_attribute
@@ -63,8 +65,6 @@ def run_plan(module, plan: LaunchPlan, arrays: Mapping[str, object], workspace, 
 
 
 def _tensor_map(arg: TensorMap, arrays: Mapping[str, object]) -> bytes:
-    from kdt.launch.tensor_map import tensor_map_bytes
-
     return tensor_map_bytes(arg, arrays[arg.array])
 
 
@@ -106,41 +106,69 @@ _SCALAR_SLOTS = {np.int32: "i4x", np.uint32: "I4x", np.float32: "f4x", np.int64:
                  np.float64: "d"}
 
 
-def _packed_arguments(args: tuple) -> tuple[ctypes.Array, ctypes.Array]:
-    """(one buffer of every argument's bytes, the array of pointers into it that the driver reads them through).
-    An argument is its bytes (an array's device pointer, a numpy scalar as it is) in its own 8-byte slot, or (a
-    tensor map's 128 bytes) its own 128-byte slot, all packed by one struct.pack: the bytes of each argument apart,
-    and a cast each, took twice the host time."""
-    layout, values, offsets, offset = "=", [], [], 0
+def _arguments_layout(args: tuple) -> tuple[str, tuple[int, ...]]:
+    """The struct format of `args` packed one after another (an array's device pointer or a numpy scalar in its own
+    8-byte slot, a tensor map's bytes in a slot of their size), and each one's offset in it."""
+    layout, offsets, offset = "=", [], 0
     for arg in args:
         offsets.append(offset)
         if isinstance(arg, bytes):
             layout += f"{len(arg)}s"
             offset += len(arg)
-        elif isinstance(arg, np.generic):
+            continue
+        if isinstance(arg, np.generic):
             slot = _SCALAR_SLOTS.get(type(arg))
             if slot is None:   # a launcher's mistake: plans pass these types only
                 raise TypeError(f"a kernel argument of type {type(arg).__name__}: expected one of "
                                 f"{', '.join(t.__name__ for t in _SCALAR_SLOTS)}, a device array or a tensor map")
             layout += slot
-            offset += 8
         else:
             layout += _POINTER_SLOT
-            offset += 8
-            arg = arg.data.ptr
-        values.append(arg)
-    buffer = ctypes.create_string_buffer(struct.pack(layout, *values))
+        offset += 8
+    return layout, tuple(offsets)
+
+
+def _argument_values(args: tuple) -> list:
+    return [arg if isinstance(arg, (bytes, np.generic)) else arg.data.ptr for arg in args]
+
+
+def _packed_arguments(args: tuple) -> tuple[ctypes.Array, ctypes.Array]:
+    """(one buffer of every argument's bytes, the array of pointers into it that the driver reads them through),
+    packed by one struct.pack_into: the bytes of each argument apart, and a cast each, took twice the host time."""
+    layout, offsets = _arguments_layout(args)
+    buffer = ctypes.create_string_buffer(max(1, struct.calcsize(layout)))
+    struct.pack_into(layout, buffer, 0, *_argument_values(args))
     base = ctypes.addressof(buffer)
     return buffer, (ctypes.c_void_p * max(1, len(args)))(*(base + at for at in offsets))
+
+
+# per thread: (id(launch), overlaps) -> (launch, format, argument buffer, pointers into it, launch config). A launch
+# (plans are cached, so the same objects come back) keeps its buffer and config, and a call only packs the
+# arguments into it and sets the stream: building them each call took half the host time of an eager call.
+_prepared = threading.local()
+_PREPARED_MOST = 256
 
 
 def _launch_ex(function, launch: KernelLaunch, args: tuple, stream, overlaps: bool) -> None:
     """`function` launched by cuLaunchKernelEx, with programmatic stream serialization where `overlaps` (see
     KernelLaunch.overlaps_previous)."""
-    buffer, params = _packed_arguments(args)   # the buffer must live until the driver has copied the arguments
-    config = _LaunchConfig(grid=(ctypes.c_uint32 * 3)(*launch.grid), block=(ctypes.c_uint32 * 3)(launch.block, 1, 1),
-                           shared_mem=launch.dynamic_smem, stream=stream.ptr,
-                           attrs=_programmatic_serialization() if overlaps else None, num_attrs=1 if overlaps else 0)
+    cache = getattr(_prepared, "launches", None)
+    if cache is None:
+        cache = _prepared.launches = {}
+    entry = cache.get((id(launch), overlaps))
+    if entry is None or entry[0] is not launch:
+        if len(cache) >= _PREPARED_MOST:
+            cache.clear()
+        layout, _ = _arguments_layout(args)
+        buffer, params = _packed_arguments(args)
+        config = _LaunchConfig(grid=(ctypes.c_uint32 * 3)(*launch.grid),
+                               block=(ctypes.c_uint32 * 3)(launch.block, 1, 1), shared_mem=launch.dynamic_smem,
+                               attrs=_programmatic_serialization() if overlaps else None,
+                               num_attrs=1 if overlaps else 0)
+        entry = cache[(id(launch), overlaps)] = (launch, layout, buffer, params, config)
+    _, layout, buffer, params, config = entry
+    struct.pack_into(layout, buffer, 0, *_argument_values(args))   # the driver copies them during the call
+    config.stream = stream.ptr
     result = _launch_kernel_ex()(ctypes.byref(config), function.kernel.ptr, params, None)
     if result != 0:
         raise RuntimeError(f"cuLaunchKernelEx of {launch.function} failed: CUresult {result}")
