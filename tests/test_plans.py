@@ -343,6 +343,11 @@ def test_verify_attn_splits_fill_the_gpu_from_shapes_alone(targets):
                  plan(1, 8, 16, 8192, arch="sm_90a", kv_alignment=8)):
         assert made.launches[0].args[2:4] == (TensorMap("kv_cache", 64, 64, encode=False), 0)
         assert made.fact("keys by tensor copy") is False
+    from kdt.launch import verify_attn as launcher
+
+    cache = lambda pages: ArraySpec((pages, 64, 576), "bfloat16")
+    sm90a, knobs = targets("verify-attn", "sm_90a", 132), launcher.Knobs()
+    assert launcher.tensor_keys(cache(2**25), sm90a, knobs) and not launcher.tensor_keys(cache(2**25 + 1), sm90a, knobs)
 
 
 @pytest.mark.nvcc

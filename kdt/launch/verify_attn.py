@@ -120,8 +120,11 @@ def discard_partials(groups: int, slots: int, max_pages: int, target: Target, kn
 
 def tensor_keys(kv_cache: ArraySpec, target: Target, knobs: Knobs) -> bool:
     """Whether the main kernel copies whole prefix tiles by tensor copy: where its cubin can (sm_90a), the knob
-    asks for it and kv_cache's address is 16-byte aligned (a tensor map's requirement)."""
-    return knobs.tensor_keys and target.constant("kdt_verify_attn_tensor_keys") == 1 and kv_cache.alignment % 16 == 0
+    asks for it, kv_cache's address is 16-byte aligned (a tensor map's requirement) and its rows fit the copies'
+    32-bit coordinates."""
+    rows = kv_cache.shape[0] * target.constant("kdt_verify_attn_page")
+    return (knobs.tensor_keys and target.constant("kdt_verify_attn_tensor_keys") == 1 and kv_cache.alignment % 16 == 0
+            and rows <= 2**31)
 
 
 def plan(inputs: dict[str, ArraySpec], params: dict, target: Target, knobs: Knobs) -> LaunchPlan:
