@@ -60,9 +60,9 @@ class Knobs(LaunchKnobs):
     pair_splits: bool = knob(True, "merge the partials of splits 2c and 2c + 1 in a cluster of two over distributed "
                                    "shared memory (sm_90a, no value split, 4 or more splits that fit one wave "
                                    "once even): half the partial bytes to store and to combine")
-    tensor_keys: bool = knob(True, "the prefix's key tiles whole in their page by the tensor-copy engine (one "
-                                   "thread, a tensor map of kv_cache; sm_90a, kv_cache 16-byte aligned); the "
-                                   "others by cp.async")
+    tensor_keys: bool = knob(True, "a split's prefix key tiles whole in their page, from its third on, by the "
+                                   "tensor-copy engine (one thread, a tensor map of kv_cache; sm_90a, kv_cache "
+                                   "16-byte aligned); the others by cp.async")
     discard_partials_mb: float = knob(50.0, "the combine drops the partials it has read from L2 unwritten where "
                                             "the call streams more than this many MB of keys (the H200's L2: "
                                             "its dirty partials would be written back to DRAM before the next "
