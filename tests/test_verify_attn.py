@@ -113,3 +113,34 @@ def test_the_tp8_golden_cases_are_the_deployments_shapes():
             assert bits[:, 0].all() and np.all(np.diag(bits)), case.name            # the root, and each slot itself
             assert 2 < ancestors.max() < len(ancestors), case.name                  # deeper than a star, not a chain
             assert len(ancestors) - 1 == x["n_nodes"][g], case.name                  # every slot a drafted node
+
+
+@pytest.mark.gpu
+def test_whole_pages_by_tensor_copy_give_the_bits_of_cp_async():
+    """sm_90a copies a split's whole prefix pages, from its third on, by the tensor-copy engine, whose 128-byte
+    swizzle must be the layout the wgmma reads. With one and three splits a query tile (a CTA streams most of its
+    tiles that way), ragged prefixes whose last pages are partial and pages shuffled: within the contract of the
+    reference (kdt.verify: outputs poisoned, twice), and out and lse bit for bit those of the cp.async loads."""
+    from kdt import ops, runtime, stages, verify
+    from kdt.spec import Case
+
+    spec = stages.get("verify-attn")
+    if runtime.target("verify-attn").constant("kdt_verify_attn_tensor_keys") != 1:
+        pytest.skip("this GPU's cubin copies no key tile by tensor copy (sm_90a only)")
+    rng = np.random.default_rng(7)
+    inputs = stage.attention_inputs(rng, [1000, 2500, 130], heads=8, depth=3, fanout=4, budget=15)
+    case = Case("tensor_pages", "G=3 H=8 B=15, prefixes 1000 / 2500 / 130", 7,
+                {"softmax_scale": float(np.float32(1 / np.sqrt(576))), "d_v": 512}, inputs)
+    for knobs in ({"splits": 1}, {"splits": 3}):
+        result = verify.verify_fresh(spec, case, knobs=knobs)
+        assert result.passed, (knobs, result)
+    device = verify.upload(case.inputs)
+    params = {**case.params, "out_dtype": "float32"}
+    bits = []
+    for tensor_keys in (True, False):
+        out = verify.allocate_outputs(spec, device, params)
+        for array in out.values():
+            verify.poison(verify.raw(array), 0)
+        ops.run(spec, device, params, out=out, knobs={"splits": 1, "tensor_keys": tensor_keys})
+        bits.append({name: verify.download(array).view(np.uint32) for name, array in out.items()})
+    assert all(np.array_equal(bits[0][name], bits[1][name]) for name in bits[0])
