@@ -89,7 +89,7 @@ constexpr int P_BLK = DQK / 64 - 1;           // P_k lives in column block 8 (ro
 // Every producing thread arrives (release), every thread of the consuming warpgroup waits on the phase
 // parity (acquire); the parities are derived in the note ("Handoffs").
 constexpr int MB_PREADY = 0;                  // WG0 -> WG1: P_k and alpha_k are in smem (one phase per tile)
-constexpr int MB_FULL = 1;                    // WG1 -> WG0: tile k+1 has landed (cp.async by WG1)
+constexpr int MB_FULL = 1;                    // WG1 -> WG0: tile k+1 has landed (WG1 waited its copies)
 constexpr int MB_EMPTY = 2;                   // + buffer k & 1: both warpgroups' P V of tile k has retired
 constexpr int MB_SDONE = MB_EMPTY + STAGES;   // WG0 -> WG0: every warp's S wgmma of tile k has retired
 constexpr int MB_LANDED = MB_SDONE + 1;       // + buffer: a key tile by tensor copy has landed (its bytes complete it)
