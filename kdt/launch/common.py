@@ -132,14 +132,21 @@ def _argument_values(args: tuple) -> list:
     return [arg if isinstance(arg, (bytes, np.generic)) else arg.data.ptr for arg in args]
 
 
-def _packed_arguments(args: tuple) -> tuple[ctypes.Array, ctypes.Array]:
-    """(one buffer of every argument's bytes, the array of pointers into it that the driver reads them through),
-    packed by one struct.pack_into: the bytes of each argument apart, and a cast each, took twice the host time."""
-    layout, offsets = _arguments_layout(args)
+def _argument_buffer(layout: str, offsets: tuple[int, ...]) -> tuple[ctypes.Array, ctypes.Array]:
+    """(a buffer for arguments packed as `layout`, the array of pointers into it that the driver reads them
+    through)."""
     buffer = ctypes.create_string_buffer(max(1, struct.calcsize(layout)))
-    struct.pack_into(layout, buffer, 0, *_argument_values(args))
     base = ctypes.addressof(buffer)
-    return buffer, (ctypes.c_void_p * max(1, len(args)))(*(base + at for at in offsets))
+    return buffer, (ctypes.c_void_p * max(1, len(offsets)))(*(base + at for at in offsets))
+
+
+def _packed_arguments(args: tuple) -> tuple[ctypes.Array, ctypes.Array]:
+    """`args` in their buffer, packed by one struct.pack_into: the bytes of each argument apart, and a cast each,
+    took twice the host time."""
+    layout, offsets = _arguments_layout(args)
+    buffer, params = _argument_buffer(layout, offsets)
+    struct.pack_into(layout, buffer, 0, *_argument_values(args))
+    return buffer, params
 
 
 # per thread: (id(launch), overlaps) -> (launch, format, argument buffer, pointers into it, launch config). A launch
@@ -159,8 +166,8 @@ def _launch_ex(function, launch: KernelLaunch, args: tuple, stream, overlaps: bo
     if entry is None or entry[0] is not launch:
         if len(cache) >= _PREPARED_MOST:
             cache.clear()
-        layout, _ = _arguments_layout(args)
-        buffer, params = _packed_arguments(args)
+        layout, offsets = _arguments_layout(args)
+        buffer, params = _argument_buffer(layout, offsets)
         config = _LaunchConfig(grid=(ctypes.c_uint32 * 3)(*launch.grid),
                                block=(ctypes.c_uint32 * 3)(launch.block, 1, 1), shared_mem=launch.dynamic_smem,
                                attrs=_programmatic_serialization() if overlaps else None,

@@ -17,6 +17,7 @@ SWIZZLE_128B = 3              # CUtensorMapSwizzle: 16-byte chunk c of 128-byte 
 L2_PROMOTION_256B = 3         # CUtensorMapL2promotion
 OOB_FILL_NONE = 0             # CUtensorMapFloatOOBfill: zeros past the tensor's bounds
 ELEMENT_BYTES = 2
+_NO_MAP = bytes(TensorMap.SIZE)
 
 
 @functools.cache
@@ -33,7 +34,7 @@ def _encode_tiled():
 def tensor_map_bytes(arg: TensorMap, array) -> bytes:
     """The 128 bytes of `arg` for `array` (a C-contiguous bf16 CuPy array): zeros where arg.encode is False."""
     if not arg.encode:
-        return bytes(TensorMap.SIZE)
+        return _NO_MAP
     cols = array.shape[-1]
     return _encoded(array.data.ptr, array.size // cols, cols, arg.box_rows, arg.box_cols)
 

@@ -26,7 +26,6 @@ using kdt::cp_async_commit;
 using kdt::cp_async_wait;
 using kdt::fence_proxy_async;
 using kdt::mbar_arrive;
-using kdt::mbar_arrive_expect_tx;
 using kdt::mbar_init;
 using kdt::mbar_wait;
 using kdt::pack_bf16;
@@ -374,15 +373,7 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
                 mbar_arrive(mb_empty);
                 mbar_wait(mb_empty, (it >> 1) & 1);
                 if (k + 2 < tma_tiles) {
-                    // page page2 whole: nine 64-column boxes, each a 128-byte-swizzled column block of the tile
-                    if (tid == WG_THREADS) {
-                        const uint32_t landed = sBar + 8 * (MB_LANDED + (it & 1));
-                        mbar_arrive_expect_tx(landed, KV_TILE_BYTES);
-#pragma unroll
-                        for (int i = 0; i < DQK / 64; ++i)
-                            kdt::tensor_copy_2d_to_shared(tile + static_cast<uint32_t>(BLK * i), p.kv_map, 64 * i,
-                                                          page2 * PAGE, landed);
-                    }
+                    if (tid == WG_THREADS) copy_page_tile(tile, p.kv_map, page2, sBar + 8 * (MB_LANDED + (it & 1)));
                 } else {
                     load_kv_tile_wg1(tile, k + 2, page2, n_pref, plen, N, g, kv_cache, kv_tree);
                     cp_async_commit();

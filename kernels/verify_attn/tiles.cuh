@@ -1,11 +1,13 @@
 // kernels/verify_attn/tiles.cuh -- getting Q and key tiles into shared memory: cp.async loaders that write the
 // swizzled layouts of config.cuh (TROW / BLK), and the source row of a key (prefix page through the block table,
-// or tree slot; zero-filled past the end). Used by both mainloops of kdt_verify_attn_fwd; load_kv_tile_wg1 is the
-// sm_90a producer warpgroup's. The layouts: plans/kernels/verify-attn.md, "Tiles and swizzles".
+// or tree slot; zero-filled past the end). Used by both mainloops of kdt_verify_attn_fwd; load_kv_tile_wg1 and
+// copy_page_tile (a whole page by tensor copy) are the sm_90a producer warpgroup's. The layouts:
+// plans/kernels/verify-attn.md, "Tiles and swizzles".
 #pragma once
 
 #include <stdint.h>
 
+#include "common/mbarrier.cuh"
 #include "common/ptx.cuh"
 #include "verify_attn/config.cuh"
 #include "verify_attn/params.cuh"
@@ -108,6 +110,17 @@ __device__ __forceinline__ void load_kv_tile_wg1(uint32_t s_tile, int k, int pag
 #pragma unroll
         for (int i = 0; i < DQK / 64; ++i) cp_async16_zfill(dst + 16 * TROW * p + BLK * i, s8 + 128 * i, nbytes);
     }
+}
+
+// sm_90a: a prefix key tile whose page is whole, by the tensor-copy engine, from one thread: `landed` armed with the
+// tile's bytes, then nine copies of one 64 x 64 box a column block (the map's 128-byte swizzle writes the layout
+// above). `map`: kv_cache as bf16 [pages * PAGE, DQK] (the launcher's TensorMap).
+__device__ __forceinline__ void copy_page_tile(uint32_t s_tile, const kdt::TensorMap* map, int page, uint32_t landed) {
+    static_assert(!WGMMA || (KV_T == PAGE && DQK % 64 == 0), "sm_90a: a key tile is a page of 64-column blocks");
+    kdt::mbar_arrive_expect_tx(landed, KV_TILE_BYTES);
+#pragma unroll
+    for (int i = 0; i < DQK / 64; ++i)
+        kdt::tensor_copy_2d_to_shared(s_tile + static_cast<uint32_t>(BLK * i), map, 64 * i, page * PAGE, landed);
 }
 
 }  // namespace va
