@@ -245,7 +245,8 @@ _workspaces: dict[tuple, Any] = {}
 def workspace_for(stage: str | StageSpec, inputs: Mapping[str, Any], params: Mapping[str, Any], *,
                   knobs: Mapping[str, Any] | None = None) -> Any:
     """The scratch memory `run` needs for these inputs (None if none): zero-filled once, then shared by every call
-    that needs as many bytes (kernels leave it zero)."""
+    that needs as many bytes. The counters kernels keep there (tree-sample's) are zero again after each launch; a
+    workspace of your own must start zero-filled as well."""
     spec = _stage(stage)
     nbytes = _prepare(spec, inputs, params, knobs, runtime.cupy().cuda.get_device_id())[2].workspace_bytes
     return _workspace(spec, nbytes)

@@ -107,6 +107,21 @@ __device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
                  : "memory");
 }
+// ... with an L2 cache `policy` (l2_policy) for the lines it brings into L2
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, uint32_t src_bytes, uint64_t policy) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes), "l"(policy) : "memory");
+}
+// An L2 cache policy for a copy's lines: evicted before any others (data no one reads again: streamed keys do not
+// push out what will be), or the default priority.
+__device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
+    uint64_t policy;
+    if (evict_first)
+        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    else
+        asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
+}
 // 4 bytes global -> shared, through L1 (.ca: the only form below 16 bytes)
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
@@ -130,12 +145,13 @@ struct alignas(64) TensorMap {
 };
 // The box at coordinates (x innermost, y) of the 2D tensor that `map` describes, copied by the tensor-copy engine
 // into this block's shared memory at `dst` (laid out and swizzled as the map says) and completed on mbarrier `bar`
-// like bulk_copy_to_shared.
+// like bulk_copy_to_shared; its lines enter L2 with the cache `policy` (l2_policy).
 __device__ __forceinline__ void tensor_copy_2d_to_shared(uint32_t dst, const TensorMap* map, int x, int y,
-                                                         uint32_t bar) {
+                                                         uint32_t bar, uint64_t policy) {
     asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-        ::"r"(dst), "l"(map), "r"(x), "r"(y), "r"(bar) : "memory");
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3}], [%4], %5;\n"
+        ::"r"(dst), "l"(map), "r"(x), "r"(y), "r"(bar), "l"(policy) : "memory");
 }
 // `bytes` (a multiple of 16, `src` 16-byte aligned) of global memory fetched into L2 by the bulk-copy engine, no
 // completion to wait for: a later load of them hits L2. A hint: it orders nothing, so no "memory" clobber.

@@ -91,10 +91,10 @@ __device__ __forceinline__ void load_kv_tile(uint32_t s_tile, int k, int page, i
 // sm_90a: key tile k loaded by warpgroup 1 alone (128 threads, wgmma 128-byte swizzle layout). Thread t copies
 // chunks t % 8 + 8i (i = 0..8, i.e. chunk t % 8 of column block i) of rows t / 8 + 16p (p = 0..3): 8 threads
 // cover 128 contiguous bytes of a row, and the four rows share row & 7, so one lane offset serves all 36
-// copies (the rest are immediates: p * 16 rows, i * BLK).
+// copies (the rest are immediates: p * 16 rows, i * BLK). `policy`: the L2 cache policy of the lines (kdt::l2_policy).
 __device__ __forceinline__ void load_kv_tile_wg1(uint32_t s_tile, int k, int page, int n_pref, int plen, int N,
                                                  int g, const uint16_t* __restrict__ kv_cache,
-                                                 const uint16_t* __restrict__ kv_tree) {
+                                                 const uint16_t* __restrict__ kv_tree, uint64_t policy) {
     static_assert(!WGMMA || (KV_T == 64 && ROW_CHUNKS == 8 * (DQK / 64) && WG_THREADS == 128),
                   "WG1 loader: 64 rows x 9 blocks");
     const int t = static_cast<int>(thread_x()) - WG_THREADS;
@@ -108,19 +108,22 @@ __device__ __forceinline__ void load_kv_tile_wg1(uint32_t s_tile, int k, int pag
         const char* s8 = reinterpret_cast<const char*>(src) + lc * 16;
         const uint32_t nbytes = valid ? 16u : 0u;
 #pragma unroll
-        for (int i = 0; i < DQK / 64; ++i) cp_async16_zfill(dst + 16 * TROW * p + BLK * i, s8 + 128 * i, nbytes);
+        for (int i = 0; i < DQK / 64; ++i)
+            cp_async16_zfill(dst + 16 * TROW * p + BLK * i, s8 + 128 * i, nbytes, policy);
     }
 }
 
 // sm_90a: a prefix key tile whose page is whole, by the tensor-copy engine, from one thread: `landed` armed with the
 // tile's bytes, then nine copies of one 64 x 64 box a column block (the map's 128-byte swizzle writes the layout
-// above). `map`: kv_cache as bf16 [pages * PAGE, DQK] (the launcher's TensorMap).
-__device__ __forceinline__ void copy_page_tile(uint32_t s_tile, const kdt::TensorMap* map, int page, uint32_t landed) {
+// above). `map`: kv_cache as bf16 [pages * PAGE, DQK] (the launcher's TensorMap); `policy` as load_kv_tile_wg1's.
+__device__ __forceinline__ void copy_page_tile(uint32_t s_tile, const kdt::TensorMap* map, int page, uint32_t landed,
+                                               uint64_t policy) {
     static_assert(!WGMMA || (KV_T == PAGE && DQK % 64 == 0), "sm_90a: a key tile is a page of 64-column blocks");
     kdt::mbar_arrive_expect_tx(landed, KV_TILE_BYTES);
 #pragma unroll
     for (int i = 0; i < DQK / 64; ++i)
-        kdt::tensor_copy_2d_to_shared(s_tile + static_cast<uint32_t>(BLK * i), map, 64 * i, page * PAGE, landed);
+        kdt::tensor_copy_2d_to_shared(s_tile + static_cast<uint32_t>(BLK * i), map, 64 * i, page * PAGE, landed,
+                                      policy);
 }
 
 }  // namespace va
