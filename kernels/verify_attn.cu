@@ -42,9 +42,9 @@
 // Memory traffic
 //   Keys: every query tile of a request reads all its prefix + tree keys once, ceil(N*H/ROWS) * (prefix + N) *
 //   1152 B per request (HBM once, L2 for the other query tiles; with one query tile, sm_90a streams them with an L2
-//   evict_first policy). Q ROWS * 1152 B per CTA; out N*H*Dv*4 (or 2) B;
-//   lse N*H*4 B; split partials num_splits (paired: num_splits / 2) * G * ceil(N*H/ROWS) * ROWS * 513 * 4 B,
-//   written once and read once; paired, each CTA also sends 64 KB to its partner over distributed shared memory.
+//   evict_first policy). Q ROWS * 1152 B per CTA; out N*H*Dv*4 (or 2) B; lse N*H*4 B; split partials num_splits
+//   (paired: num_splits / 2) * G * ceil(N*H/ROWS) * ROWS * 513 * 4 B, written once and read once; paired, each CTA
+//   also sends 64 KB to its partner over distributed shared memory.
 //
 // Limits
 //   Dqk = 576 and Dv = 512 only (the launcher rejects others). Page size 64. N*H <= 2^31/ROWS rows per request,
