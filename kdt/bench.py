@@ -271,9 +271,19 @@ def compare_shape(spec: StageSpec, shape: BenchShape, against: "Path", label: st
         runtime.cupy().get_default_memory_pool().free_all_blocks()
 
 
+def _workspace_for_both(spec: StageSpec, buffers: _Buffers, knobs: dict, against) -> object:
+    """The scratch for both builds of a comparison: the other build's plan may split differently (its cubins export
+    other constants) and need more than this build's, which ops.run would refuse as too small."""
+    with runtime.sources(against):
+        theirs = ops.workspace_for(spec, buffers.input_sets[0], buffers.params, knobs=knobs)
+    ours = buffers.workspace
+    return theirs if ours is None or (theirs is not None and theirs.nbytes > ours.nbytes) else ours
+
+
 def _compare_shape(spec, shape, against, label, graph, knobs, rounds) -> Comparison:
     cp = runtime.cupy()
     buffers = _buffers(cp, spec, shape, knobs)
+    buffers.workspace = _workspace_for_both(spec, buffers, knobs, against)
     rotate = buffers.rotate
     builds = {"ours": None, "theirs": against}
     launches = {name: buffers.launcher(spec, knobs, where) for name, where in builds.items()}

@@ -28,6 +28,24 @@ def test_the_sources_of_a_revision_or_a_directory(tmp_path):
         bench.sources_of(str(tmp_path / "empty"), repository, tmp_path / "w")
 
 
+def test_a_comparison_gives_both_builds_the_scratch_the_larger_plan_needs(monkeypatch):
+    # the other build's cubins may export constants that make its plan split differently (more partials than ours)
+    import contextlib
+    from types import SimpleNamespace
+
+    from kdt import ops, runtime
+    scratch = lambda nbytes: SimpleNamespace(nbytes=nbytes) if nbytes else None
+    theirs_bytes = {}
+    monkeypatch.setattr(runtime, "sources", lambda where: contextlib.nullcontext())
+    monkeypatch.setattr(ops, "workspace_for", lambda spec, inputs, params, knobs=None: scratch(theirs_bytes["n"]))
+    for ours, theirs, chosen in ((100, 200, 200), (200, 100, 200), (100, 100, 100), (0, 64, 64), (64, 0, 64),
+                                 (0, 0, 0)):
+        theirs_bytes["n"] = theirs
+        buffers = bench._Buffers([{}], {}, {}, scratch(ours))
+        both = bench._workspace_for_both("verify-attn", buffers, {}, "elsewhere")
+        assert (both.nbytes if both is not None else 0) == chosen, (ours, theirs)
+
+
 def _result(shape, us, arch="sm_90a", knobs=None):
     timing = bench.Timing(us, us, us, 100)
     return bench.ShapeResult("topk", shape, {}, 1, 0, 1, "", timing, None, us, 0, 0, 0, 0, 0, 0, knobs=knobs or {},
