@@ -3,14 +3,16 @@ matching, the roofline bound of every shape, and the named shape sets (--set).""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
-from kdt import bench, paths, peaks, stages
+from kdt import bench, ops, paths, peaks, runtime, stages
 from kdt.refs.errors import BadInput
 
 
@@ -30,17 +32,11 @@ def test_the_sources_of_a_revision_or_a_directory(tmp_path):
 
 def test_a_comparison_gives_both_builds_the_scratch_the_larger_plan_needs(monkeypatch):
     # the other build's cubins may export constants that make its plan split differently (more partials than ours)
-    import contextlib
-    from types import SimpleNamespace
-
-    from kdt import ops, runtime
     scratch = lambda nbytes: SimpleNamespace(nbytes=nbytes) if nbytes else None
-    theirs_bytes = {}
     monkeypatch.setattr(runtime, "sources", lambda where: contextlib.nullcontext())
-    monkeypatch.setattr(ops, "workspace_for", lambda spec, inputs, params, knobs=None: scratch(theirs_bytes["n"]))
     for ours, theirs, chosen in ((100, 200, 200), (200, 100, 200), (100, 100, 100), (0, 64, 64), (64, 0, 64),
                                  (0, 0, 0)):
-        theirs_bytes["n"] = theirs
+        monkeypatch.setattr(ops, "workspace_for", lambda spec, inputs, params, knobs=None, n=theirs: scratch(n))
         buffers = bench._Buffers([{}], {}, {}, scratch(ours))
         both = bench._workspace_for_both("verify-attn", buffers, {}, "elsewhere")
         assert (both.nbytes if both is not None else 0) == chosen, (ours, theirs)
