@@ -217,10 +217,12 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
     const int rowB = rowA + 8;
     const int grA = r0 + rowA, grB = r0 + rowB;
     const bool split_mode = p.num_splits > 1;
-    // WG1's key tiles: where no other query tile reads them (one query tile a request), evicted from L2 first, so
-    // the stream does not push out the split partials (0.95 at G4 N8 P32768 and G16 N8 P8192; elsewhere the default
-    // policy: other CTAs read the same keys from L2). The prologue's two tiles keep the default.
-    const uint64_t key_policy = kdt::l2_policy(static_cast<int>(gridDim.x) == w.value_split);
+    // One query tile a request: no other CTA reads this CTA's key tiles, which stream from DRAM once.
+    const bool one_query_tile = static_cast<int>(gridDim.x) == w.value_split;
+    // WG1's key tiles: with one query tile, evicted from L2 first, so the stream does not push out the split
+    // partials (0.95 at G4 N8 P32768 and G16 N8 P8192; elsewhere the default policy: other CTAs read the same keys
+    // from L2). Tile kb, copied by all threads in the prologue, keeps the default.
+    const uint64_t key_policy = kdt::l2_policy(one_query_tile);
     // mbarrier i at sBar + 8 i (MB_*); initialised here, published by the prologue's __syncthreads
     const uint32_t sBar = sQ + OFF_BAR;
     const uint32_t mb_pready = sBar + 8 * MB_PREADY, mb_full = sBar + 8 * MB_FULL, mb_sdone = sBar + 8 * MB_SDONE;
@@ -232,21 +234,38 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
                                                                         : MB_HANDOFF_ARRIVALS);
     }
 
-    // ---- prologue: Q + tile kb (all threads), tile kb+1 (WG1, its own cp.async group, left in flight)
+    // ---- prologue: Q + tile kb (all threads), tile kb+1 (WG1, its own cp.async group, left in flight). A paired
+    // CTA whose request has several query tiles issues tile kb+1 only once Q and tile kb have landed: those two
+    // then share the start's burst of copies with no other tile, and the first S starts sooner. Elsewhere tile kb+1
+    // goes at once (with one query tile the copies' bytes in flight set the pace). Two whole branches, not one
+    // condition around the copy: so the unpaired kernel's SASS stays the plain order's (plans/kernels/verify-attn.md,
+    // "sm_90a pipeline").
     load_q_tile(sQ, p, w, tid);
     load_kv_tile(sKV, kb, kb < n_pref ? __ldg(bt_row + (kb * KV_T) / PAGE) : 0, n_pref, plen, N, g, kv_cache,
                  kv_tree);
     cp_async_commit();
-    if (wg == 1 && kb + 1 < ke) {
-        load_kv_tile_wg1(sKV + KV_TILE_BYTES, kb + 1, kb + 1 < n_pref ? __ldg(bt_row + ((kb + 1) * KV_T) / PAGE) : 0,
-                         n_pref, plen, N, g, kv_cache, kv_tree, key_policy);
-        cp_async_commit();
-        cp_async_wait<1>();
-    } else {
+    if (PAIRED && !one_query_tile) {
+        const int page1 = wg == 1 && kb + 1 < n_pref ? __ldg(bt_row + ((kb + 1) * KV_T) / PAGE) : 0;
         cp_async_wait<0>();
+        fence_proxy_async();  // this thread's cp.async writes (Q, tile kb) -> visible to wgmma (async proxy)
+        __syncthreads();      // Q and tile kb in smem for everyone; the mbarriers are initialised
+        if (wg == 1 && kb + 1 < ke) {
+            load_kv_tile_wg1(sKV + KV_TILE_BYTES, kb + 1, page1, n_pref, plen, N, g, kv_cache, kv_tree, key_policy);
+            cp_async_commit();
+        }
+    } else {
+        if (wg == 1 && kb + 1 < ke) {
+            load_kv_tile_wg1(sKV + KV_TILE_BYTES, kb + 1,
+                             kb + 1 < n_pref ? __ldg(bt_row + ((kb + 1) * KV_T) / PAGE) : 0, n_pref, plen, N, g,
+                             kv_cache, kv_tree, key_policy);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        fence_proxy_async();
+        __syncthreads();
     }
-    fence_proxy_async();  // this thread's cp.async writes (Q, tile kb) -> visible to wgmma (async proxy)
-    __syncthreads();      // Q and tile kb in smem for everyone; the mbarriers are initialised
 
     float o[O_NT][4];     // m64n256 D fragment: o[j][e] = row rowA (e < 2) / rowB, column 256 wg + 8j + 2cq + (e&1)
 #pragma unroll
