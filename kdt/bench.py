@@ -6,7 +6,8 @@ GRAPH_LAUNCHES launches in one CUDA graph and times its replays (engines run the
 launch gaps vanish: graph mode is the headline). Achieved GB/s and TFLOP/s come from each shape's byte
 and flop model and are set against the peaks measured on this machine (kdt.peaks), and so is the roofline bound:
 the least time the model allows there, and the measured time's distance from it. Baselines in the same run: the
-CPU reference, and the obvious PyTorch version where PyTorch is installed.
+CPU reference, and the obvious PyTorch version where PyTorch is installed. The SM clock is read while a shape is
+timed (kdt.clocks), and a note says where the board's power or thermal limit held it down.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from kdt import ops, runtime, verify
+from kdt import clocks, ops, runtime, verify
 from kdt.peaks import roofline_bound
 from kdt.spec import DEFAULT_BENCH_SET, StageSpec
 
@@ -84,6 +85,7 @@ class ShapeResult:
     path: str = ""                              # the launch plan's path
     arch: str = ""                              # the cubins that ran (sm_90a, sm_120-emu, ...)
     multiprocessors: int = 0                    # the SM count the plan was made for
+    sm_clock: clocks.ClockReport | None = None  # the SM clock while timed (None without nvidia-ml-py / NVML)
 
 
 def _summary(samples_us: list[float]) -> Timing:
@@ -202,9 +204,10 @@ def _bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool, baselin
     path = ops.plan(spec, first, params, knobs=knobs).path
     launch = buffers.launcher(spec, knobs)
 
-    eager = time_eager(cp, launch, rotate)
-    small = graph and (eager.median_us < GRAPH_BELOW_US or kernel_us(cp, launch) < GRAPH_BELOW_US)
-    graphed = time_graph(cp, launch, rotate) if small else None
+    with clocks.ClockMonitor(cp.cuda.Device().pci_bus_id) as monitor:
+        eager = time_eager(cp, launch, rotate)
+        small = graph and (eager.median_us < GRAPH_BELOW_US or kernel_us(cp, launch) < GRAPH_BELOW_US)
+        graphed = time_graph(cp, launch, rotate) if small else None
     headline = (graphed or eager).median_us
     gbps = shape.bytes_moved / headline / 1e3
     tflops = shape.flops / headline / 1e6 if shape.flops else 0.0
@@ -212,10 +215,11 @@ def _bench_shape(spec: StageSpec, shape: BenchShape, peaks, graph: bool, baselin
     result = ShapeResult(spec.name, shape.name, params, shape.bytes_moved, shape.flops, shape.size or shape.bytes_moved,
                          shape.size_label if shape.size else "bytes moved (model)", eager, graphed, headline, gbps, 100 * gbps / peaks.copy_gbps, tflops,
                          100 * tflops / peaks.matmul_tflops if shape.flops else 0.0, bound_us, pct_of_bound,
-                         knobs=knobs, path=path, arch=runtime.device_arch(), multiprocessors=runtime.multiprocessors())
-    suspect = graph_note(eager, graphed)
-    if suspect:
-        result.notes.append(suspect)
+                         knobs=knobs, path=path, arch=runtime.device_arch(), multiprocessors=runtime.multiprocessors(),
+                         sm_clock=monitor.report)
+    for note in (graph_note(eager, graphed), monitor.report.note() if monitor.report else None):
+        if note:
+            result.notes.append(note)
     if baselines and shape.cpu_baseline:
         host = {k: verify.download(v) for k, v in first.items()}
         spec.reference(host, params)  # warm: first call pays imports

@@ -9,7 +9,8 @@ from kdt import arches, paths, toolkit
 
 REQUIRED_PACKAGES = ("numpy", "h5py", "ml_dtypes", "typer", "rich", "pyelftools")   # pyelftools: a new build
 OPTIONAL_PACKAGES = {"cuda-pathfinder": "finds nvcc in pip-installed CUDA toolkits",
-                     "hypothesis": "property tests (extra `test`)", "pytest": "the test suite (extra `test`)"}
+                     "hypothesis": "property tests (extra `test`)", "pytest": "the test suite (extra `test`)",
+                     "nvidia-ml-py": "kdt bench reads the SM clock while it times (extra `gpu`)"}
 PROBE_ARCHES = ("sm_90", "sm_120")
 
 
