@@ -41,13 +41,13 @@ class ClockReport:
     limiters: tuple[str, ...]      # the limiters seen, by name
 
     def note(self) -> str | None:
-        """A line for the bench's notes where a limiter held the clock down in some reads; None otherwise."""
-        if not self.limiters:
+        """A line for the bench's notes where a limiter held the clock below the board's maximum in some reads; None
+        otherwise (README: such a row's figures depend on the board's state)."""
+        if not self.limiters or self.sm_mhz_min >= self.sm_mhz_limit:
             return None
-        return (f"SM clock {self.sm_mhz_min:,}-{self.sm_mhz_max:,} MHz (median {self.sm_mhz_median:,}; the board's "
-                f"maximum {self.sm_mhz_limit:,}) while timed, {' / '.join(self.limiters)} in "
-                f"{100 * self.limited_share:.0f}% of {self.samples} reads: another call, in another state of the "
-                f"board, may read other times")
+        return (f"SM clock {self.sm_mhz_min:,}-{self.sm_mhz_max:,} MHz (median {self.sm_mhz_median:,}, board maximum "
+                f"{self.sm_mhz_limit:,}) while timed, held down by {' / '.join(self.limiters)} in "
+                f"{100 * self.limited_share:.0f}% of {self.samples} reads")
 
 
 def summarise(samples: list[tuple[int, int]], limit_mhz: int) -> ClockReport | None:

@@ -25,9 +25,13 @@ def test_a_power_cap_is_named_with_the_clocks_it_left():
     assert report.limiters == ("power cap", "thermal slowdown")
     assert report.limited_share == 0.8
     assert (report.sm_mhz_min, report.sm_mhz_median, report.sm_mhz_max) == (1500, 1658, 1980)
-    note = report.note()
-    assert note.startswith("SM clock 1,500-1,980 MHz (median 1,658; the board's maximum 1,980)")
-    assert "power cap / thermal slowdown in 80% of 10 reads" in note
+    assert report.note() == ("SM clock 1,500-1,980 MHz (median 1,658, board maximum 1,980) while timed, held down by "
+                             "power cap / thermal slowdown in 80% of 10 reads")
+
+
+def test_a_limiter_that_left_the_clock_at_its_maximum_gives_no_note():
+    report = clocks.summarise([(1980, POWER_CAP)] * 4, 1980)
+    assert report.limiters == ("power cap",) and report.note() is None
 
 
 def test_no_reads_no_report():
