@@ -4,10 +4,10 @@ A board at its power or thermal limit runs its SMs slower, and the same kernels 
 graph replayed back to back ran G4 N8 P32768 at 50.6 us a launch at 1,980 MHz, 52.5 once the power controller held
 the SMs at 1,875, and 58-66 at 1,545 as the board neared 700 W (plans/perf-notes.md, "Thirty-sixth session").
 `ClockMonitor` reads the clock and NVML's clock-event reasons from a thread while the timed runs go, and
-`ClockReport.note` says so in the bench's notes where a limiter held the clock below the board's maximum. NVML's figures trail the board by
-~0.1 s, so the reads go on for TRAIL_SECONDS after the runs, and reads of an idle GPU are left out. NVML comes
-through nvidia-ml-py (the `gpu` extra), imported only here and only when a GPU is timed; without it, or where NVML
-does not answer, nothing is read and the bench says nothing about clocks.
+`ClockReport.note` says so in the bench's notes where a limiter held the clock below the board's maximum. NVML's
+figures trail the board by ~0.1 s, so the reads go on for TRAIL_SECONDS after the runs, and reads of an idle GPU are
+left out. NVML comes through nvidia-ml-py (the `gpu` extra), imported only here and only when a GPU is timed; without
+it, or where NVML does not answer, nothing is read and the bench says nothing about clocks.
 """
 
 from __future__ import annotations
@@ -98,15 +98,16 @@ class ClockMonitor:
             pynvml.nvmlShutdown()
             return self
         self._nvml, self._limit = pynvml, limit
-        self._thread = threading.Thread(target=self._read, args=(pynvml, handle, reasons), daemon=True)
+        self._thread = threading.Thread(target=self._read, args=(handle, reasons), daemon=True)
         self._thread.start()
         return self
 
-    def _read(self, pynvml, handle, reasons) -> None:
+    def _read(self, handle, reasons) -> None:
+        nvml = self._nvml
         while not self._stop.wait(SAMPLE_SECONDS):
             try:
-                self._samples.append((pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM), reasons(handle)))
-            except pynvml.NVMLError:
+                self._samples.append((nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM), reasons(handle)))
+            except nvml.NVMLError:
                 return
 
     def __exit__(self, *exc) -> None:
