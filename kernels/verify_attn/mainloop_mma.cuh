@@ -185,8 +185,8 @@ __device__ __forceinline__ void attend_mma(const FwdParams& p, unsigned char* sm
         // ---- scale, mask, row max: valid columns c (0..TW-1 of this warp): prefix c < lim; tree c < lim and
         // mask bit c
         float mxA, mxB;
-        scale_mask_rowmax<NT>(s, cq, tree ? N - j0 : plen - k * KV_T - TW * s_cg, tree, wA, wB, scale_log2e,
-                              mxA, mxB);
+        scale_mask_rowmax<NT, false>(s, cq, tree ? N - j0 : plen - k * KV_T - TW * s_cg, tree, wA, wB,
+                                     scale_log2e, mxA, mxB);
         if (cq == 0) {
             redmax[rowA * S_WN + s_cg] = mxA;
             redmax[rowB * S_WN + s_cg] = mxB;

@@ -203,8 +203,8 @@ __device__ __forceinline__ void attend_qreg(const FwdParams& p, unsigned char* s
             }
             // scale, mask, row max (valid columns c: prefix c < lim; tree c < lim and mask bit c)
             float mxA, mxB;
-            scale_mask_rowmax<NT>(s, cq, tree ? N - (k - w.n_pref) * KV_T : w.plen - k * KV_T, tree, wA, wB,
-                                  p.scale_log2e, mxA, mxB);
+            scale_mask_rowmax<NT, false>(s, cq, tree ? N - (k - w.n_pref) * KV_T : w.plen - k * KV_T, tree, wA,
+                                         wB, p.scale_log2e, mxA, mxB);
             float muA, muB;
             const float alA = move_max(mA, mxA, muA), alB = move_max(mB, mxB, muB);
             float sumA, sumB;

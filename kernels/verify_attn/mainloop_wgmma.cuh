@@ -317,8 +317,8 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
             // scale, mask, row max: a thread holds 16 keys of each of its two rows, a quad holds the whole
             // row (no cross-warp exchange); valid keys c < lim (+ mask bit on tree)
             float mxA, mxB;
-            scale_mask_rowmax<PIPE_NT>(d, cq, tree ? N - j0 : plen - k * KV_T, tree, wA, wB, scale_log2e, mxA,
-                                       mxB);
+            scale_mask_rowmax<PIPE_NT, true>(d, cq, tree ? N - j0 : plen - k * KV_T, tree, wA, wB, scale_log2e,
+                                             mxA, mxB);
             float muA, muB;
             const float alA = move_max(mA, mxA, muA), alB = move_max(mB, mxB, muB);
 

@@ -7,6 +7,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "common/ptx.cuh"
 #include "verify_attn/config.cuh"
 #include "verify_attn/params.cuh"
@@ -26,28 +28,74 @@ __device__ __forceinline__ float& frag_at(float (&f)[N][4], int nt, int e) { ret
 
 // Scale, mask, row max of NTILES n8 tiles of scores of rows rowA / rowB (this thread: columns 8 nt + 2 cq + {0, 1}):
 // s *= scale_log2e, or -inf at columns >= lim and, on a tree tile, where bit c of the row's mask word wA / wB
-// is clear; mxA / mxB get the quad's row maxima (a quad holds the fragment's whole row).
-template <int NTILES, typename Frag, typename Word>
+// is clear; mxA / mxB get the quad's row maxima (a quad holds the fragment's whole row). Two forms, each where
+// it measured faster (plans/kernels/verify-attn.md, "Online softmax"):
+// - MASK_WORD (sm_90a, whose warpgroup 0 runs the softmax alone between S and P V: its instructions are the
+//   tile's critical path): a whole prefix tile takes a branch of its own with no tests; any other tile turns the
+//   row's admissible columns into one word, shifted once by 2 cq, so each column's test is a constant bit. The
+//   per-column test below had compiled to a branch per column pair there, ~500 of a tile's ~3,800 cycles.
+// - otherwise (the mma.sync paths, whose softmax shares a basic block with the mma and hides under it): a test
+//   per column; the word form measured 1.02-1.07 slower there.
+template <int NTILES, bool MASK_WORD, typename Frag, typename Word>
 __device__ __forceinline__ void scale_mask_rowmax(Frag& f, int cq, int lim, bool tree, Word wA, Word wB,
                                                   float scale_log2e, float& mxA, float& mxB) {
-    mxA = NEG_INF;
-    mxB = NEG_INF;
+    if constexpr (MASK_WORD) {
+        constexpr int COLS = 8 * NTILES;
+        using Bits = typename std::conditional<(COLS > 32), uint64_t, uint32_t>::type;
+        const Bits all = ~Bits(0);
+        const Bits in_range = lim >= COLS ? all : lim > 0 ? (Bits(1) << lim) - 1u : Bits(0);
+        const Bits keepA = ((tree ? static_cast<Bits>(wA) : all) & in_range) >> (2 * cq);
+        const Bits keepB = ((tree ? static_cast<Bits>(wB) : all) & in_range) >> (2 * cq);
+        mxA = NEG_INF;
+        mxB = NEG_INF;
+        if (!tree && lim >= COLS) {
 #pragma unroll
-    for (int nt = 0; nt < NTILES; ++nt) {
+            for (int nt = 0; nt < NTILES; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int c = 8 * nt + 2 * cq + e;
-            bool okA = c < lim, okB = c < lim;
-            if (tree) {
-                okA = okA && ((wA >> c) & 1u);
-                okB = okB && ((wB >> c) & 1u);
+                for (int e = 0; e < 2; ++e) {
+                    float& a = frag_at(f, nt, e);
+                    float& b = frag_at(f, nt, 2 + e);
+                    a *= scale_log2e;
+                    b *= scale_log2e;
+                    mxA = fmaxf(mxA, a);
+                    mxB = fmaxf(mxB, b);
+                }
             }
-            float& a = frag_at(f, nt, e);
-            float& b = frag_at(f, nt, 2 + e);
-            a = okA ? a * scale_log2e : NEG_INF;
-            b = okB ? b * scale_log2e : NEG_INF;
-            mxA = fmaxf(mxA, a);
-            mxB = fmaxf(mxB, b);
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < NTILES; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int bit = 8 * nt + e;  // column 8 nt + 2 cq + e
+                    float& a = frag_at(f, nt, e);
+                    float& b = frag_at(f, nt, 2 + e);
+                    a = (keepA >> bit) & 1u ? a * scale_log2e : NEG_INF;
+                    b = (keepB >> bit) & 1u ? b * scale_log2e : NEG_INF;
+                    mxA = fmaxf(mxA, a);
+                    mxB = fmaxf(mxB, b);
+                }
+            }
+        }
+    } else {
+        mxA = NEG_INF;
+        mxB = NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int c = 8 * nt + 2 * cq + e;
+                bool okA = c < lim, okB = c < lim;
+                if (tree) {
+                    okA = okA && ((wA >> c) & 1u);
+                    okB = okB && ((wB >> c) & 1u);
+                }
+                float& a = frag_at(f, nt, e);
+                float& b = frag_at(f, nt, 2 + e);
+                a = okA ? a * scale_log2e : NEG_INF;
+                b = okB ? b * scale_log2e : NEG_INF;
+                mxA = fmaxf(mxA, a);
+                mxB = fmaxf(mxB, b);
+            }
         }
     }
     mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 1));
