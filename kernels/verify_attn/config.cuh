@@ -85,6 +85,7 @@ constexpr int PV_WG_N = DV / 2;               // value columns per warpgroup (th
 constexpr int VALUE_SPLIT_MAX = WGMMA ? DV / PV_WG_N : 1;
 constexpr int PIPE_NT = KV_T / 8;             // n8 tiles of the m64n64 S fragment (all keys of a tile)
 constexpr int P_BLK = DQK / 64 - 1;           // P_k lives in column block 8 (rope, 64 x 128 B) of tile k
+constexpr int MAX_SLACK = 8;                  // the running max moves only past m + 8 (log2 units): move_max
 // Handoffs between the warpgroups: shared-memory mbarriers (index into the OFF_BAR array of 8-byte words).
 // Every producing thread arrives (release), every thread of the consuming warpgroup waits on the phase
 // parity (acquire); the parities are derived in the note ("Handoffs").

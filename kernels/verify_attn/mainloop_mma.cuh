@@ -198,7 +198,7 @@ __device__ __forceinline__ void attend_mma(const FwdParams& p, unsigned char* sm
             mxB = fmaxf(mxB, redmax[rowB * S_WN + cg]);
         }
         float muA, muB;
-        const float alA = move_max(mA, mxA, muA), alB = move_max(mB, mxB, muB);
+        const float alA = move_max<0>(mA, mxA, muA), alB = move_max<0>(mB, mxB, muB);
 
         // ---- P = exp2(s - m) -> bf16 smem; partial row sums in fp32
         float sumA, sumB;

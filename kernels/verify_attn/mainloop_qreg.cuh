@@ -206,7 +206,7 @@ __device__ __forceinline__ void attend_qreg(const FwdParams& p, unsigned char* s
             scale_mask_rowmax<NT, false>(s, cq, tree ? N - (k - w.n_pref) * KV_T : w.plen - k * KV_T, tree, wA,
                                          wB, p.scale_log2e, mxA, mxB);
             float muA, muB;
-            const float alA = move_max(mA, mxA, muA), alB = move_max(mB, mxB, muB);
+            const float alA = move_max<0>(mA, mxA, muA), alB = move_max<0>(mB, mxB, muB);
             float sumA, sumB;
             write_p<NT, P_ROW_BYTES>(s, muA, muB, pst + b * P_BYTES, 0, pz, sumA, sumB);
             lA = lA * alA + sumA;

@@ -320,7 +320,7 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
             scale_mask_rowmax<PIPE_NT, true>(d, cq, tree ? N - j0 : plen - k * KV_T, tree, wA, wB, scale_log2e,
                                              mxA, mxB);
             float muA, muB;
-            const float alA = move_max(mA, mxA, muA), alB = move_max(mB, mxB, muB);
+            const float alA = move_max<MAX_SLACK>(mA, mxA, muA), alB = move_max<MAX_SLACK>(mB, mxB, muB);
 
             // P = exp2(s - m) -> bf16 into the rope block of tile k (64 rows x 128 B, chunk c of row r at
             // c ^ (r & 7): the K-major 128-byte swizzle atom layout the P V wgmma reads); row sums in fp32

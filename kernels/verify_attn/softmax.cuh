@@ -104,11 +104,20 @@ __device__ __forceinline__ void scale_mask_rowmax(Frag& f, int cq, int lim, bool
     mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
 }
 
-// Online softmax, one row: the running max m (log2 units) moves to max(m, mx), the tile's row max; returns alpha =
-// exp2(old m - new m), the factor for the row's earlier sums, and sets mu, the base of the tile's exp2(s - mu)
-// (0 while the row has no admissible key: p = 0, alpha = 0).
+// Online softmax, one row: the running max m (log2 units) moves to the tile's row max mx where mx exceeds it by
+// more than SLACK; returns alpha = exp2(old m - new m), the factor for the row's earlier sums (1 where m stays:
+// the rescale of O is skipped then), and sets mu, the base of the tile's exp2(s - mu) (0 while the row has no
+// admissible key: p = 0, alpha = 0). A max kept up to SLACK below the true one leaves p <= 2^SLACK, within bf16's
+// range, and l, O and lse = m + log2 l hold for any m. SLACK 8 on sm_90a, whose softmax (and warpgroup 1's
+// rescale before its P V) is on the tile's critical path; 0 (m = max(m, mx)) on the mma.sync paths, where the
+// slack measured no gain (plans/kernels/verify-attn.md, "Online softmax").
+template <int SLACK>
 __device__ __forceinline__ float move_max(float& m, float mx, float& mu) {
-    const float mn = fmaxf(m, mx);
+    float mn;
+    if constexpr (SLACK == 0)
+        mn = fmaxf(m, mx);
+    else
+        mn = mx > m + static_cast<float>(SLACK) ? mx : m;
     mu = mn == NEG_INF ? 0.f : mn;
     const float alpha = ex2(m - mu);
     m = mn;
