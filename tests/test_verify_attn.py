@@ -115,6 +115,40 @@ def test_the_tp8_golden_cases_are_the_deployments_shapes():
             assert len(ancestors) - 1 == x["n_nodes"][g], case.name                  # every slot a drafted node
 
 
+def test_the_max_jumps_case_moves_the_running_max_inside_a_split():
+    """max_jumps' loud pages 2 / 5 / 8 / 11 are the third tile of every three (a split holds three or more): the sm_90a
+    softmax keeps a row's max until a tile's exceeds it by MAX_SLACK = 8 (log2 units, config.cuh). Past page 2 some
+    rows stay within that slack and some jump past it; past pages 5, 8 and 11 every row jumps, so O is rescaled
+    mid-split on both paths."""
+    case = next(case for case in stage.make_cases() if case.name == "max_jumps")
+    x = case.inputs
+    prefix = int(x["prefix_len"][0])
+    pages = x["block_table"][0, : -(-prefix // PAGE_SIZE)]
+    keys = x["kv_cache"].astype(np.float32)[pages].reshape(-1, stage.KEY_DIM)[:prefix]
+    scores = np.einsum("nhd,td->nht", x["q"][0].astype(np.float32), keys) * case.params["softmax_scale"] * np.log2(np.e)
+    tile_max = [scores[..., t: t + PAGE_SIZE].max(axis=-1) for t in range(0, prefix, PAGE_SIZE)]
+    jumps = {t: tile_max[t] - np.maximum(tile_max[t - 2], tile_max[t - 1]) for t in (2, 5, 8, 11)}
+    assert (jumps[2] <= 8).any() and (jumps[2] > 8).any()
+    assert all((jumps[t] > 8).all() for t in (5, 8, 11))
+
+
+def test_random_cases_have_loud_pages_now_and_then():
+    """kdt fuzz's cases scale a few prefix pages' keys by 4, 8 or 16 in about 30% of cases, and say so."""
+    rng = np.random.default_rng(7)
+    cases = [stage.random_case(rng) for _ in range(40)]
+    loud = 0
+    for case in cases:
+        x = case.inputs
+        used = np.concatenate([x["block_table"][g, : -(-n // PAGE_SIZE)] for g, n in enumerate(x["prefix_len"])])
+        if len(used) == 0:
+            continue
+        rms = np.sqrt((x["kv_cache"].astype(np.float32)[used] ** 2).mean(axis=(1, 2)))
+        says = "loud pages" in case.description
+        assert (rms.max() > 3.5 * np.median(rms)) == says or (says and len(used) < 3), case.description
+        loud += says
+    assert 3 <= loud <= 25
+
+
 @pytest.mark.gpu
 def test_whole_pages_by_tensor_copy_give_the_bits_of_cp_async():
     """sm_90a copies a split's whole prefix pages, from its third on, by the tensor-copy engine, whose 128-byte

@@ -52,6 +52,17 @@ def attention_inputs(rng: np.random.Generator, prefix_lens: list[int], heads: in
     }
 
 
+def scale_pages(inputs: dict[str, np.ndarray], pages: list[tuple[int, int, float]]) -> dict[str, np.ndarray]:
+    """`inputs` with the keys of some prefix pages scaled: (request, page of its prefix, factor), a power of two so
+    bf16 holds the product exactly. A loud page late in a prefix moves a row's running max far past the earlier
+    tiles' (the sm_90a softmax keeps its max until a tile's exceeds it by MAX_SLACK), so O is rescaled mid-stream."""
+    kv_cache = inputs["kv_cache"].copy()
+    for g, page, factor in pages:
+        row = int(inputs["block_table"][g, page])
+        kv_cache[row] = (kv_cache[row].astype(np.float32) * np.float32(factor)).astype(kv_cache.dtype)
+    return {**inputs, "kv_cache": kv_cache}
+
+
 def _case(name, description, seed, inputs) -> Case:
     return Case(name, description, seed, {"softmax_scale": float(np.float32(1.0 / np.sqrt(KEY_DIM))),
                                           "d_v": VALUE_DIM}, inputs)
@@ -80,6 +91,11 @@ def make_cases() -> list[Case]:
               attention_inputs(rng(408), [577], TP8_HEADS, 7, 8, 15, spare_pages=1)),
         _case("tp8_g1_n64", "TP8: G=1 H=8 N=64, prefix 65 (one key on the second page)", 409,
               attention_inputs(rng(409), [65], TP8_HEADS, 15, 8, 63, spare_pages=1)),
+        # every third page louder than the ones before it: with any split of three or more tiles, a row's max jumps
+        # by more than the sm_90a softmax's slack inside a split (scores of standard deviation 4-16x the others')
+        _case("max_jumps", "G=1 H=8 N=16, prefix 769: keys of pages 2 / 5 / 8 / 11 scaled 4 / 8 / 16 / 32x", 410,
+              scale_pages(attention_inputs(rng(410), [769], TP8_HEADS, 7, 8, 15, spare_pages=1),
+                          [(0, 2, 4.0), (0, 5, 8.0), (0, 8, 16.0), (0, 11, 32.0)])),
     ]
 
 
@@ -87,7 +103,7 @@ def random_case(rng: np.random.Generator) -> Case:
     """Random shape within the limits: G 1..3, N = B + 1 with B in {1, 7, 15, 40, 63} (N not a multiple of
     any tile), H in {1, 2, 8, 16}, ragged prefixes of 0..3000 tokens (empty, one token, page edges), pages
     shuffled (now and then in order), trees of every shape the builder makes (chains, stars, fewer nodes than
-    slots)."""
+    slots), and now and then a few loud pages (keys scaled 4-16x: a row's running max jumps mid-stream)."""
     groups = int(rng.integers(1, 4))
     budget = int(rng.choice([1, 7, 15, 40, 63]))
     heads = int(rng.choice([1, 2, 8, 16]))
@@ -97,9 +113,18 @@ def random_case(rng: np.random.Generator) -> Case:
     shuffle = bool(rng.random() < 0.8)
     inputs = attention_inputs(rng, prefix, heads, depth, fanout, budget, shuffle_pages=shuffle,
                               spare_pages=int(rng.integers(1, 5)))
+    loud = []
+    if rng.random() < 0.3:  # a few loud pages: a row's running max jumps mid-stream
+        chosen = set()  # each page once: a page scaled twice (256x) puts lse where fp32's scores are ~1e-3 apart
+        for _ in range(int(rng.integers(1, 4))):
+            g = int(rng.integers(0, groups))
+            if prefix[g] > 0:
+                chosen.add((g, int(rng.integers(0, (prefix[g] + PAGE_SIZE - 1) // PAGE_SIZE))))
+        loud = [(g, page, float(rng.choice([4.0, 8.0, 16.0]))) for g, page in sorted(chosen)]
+        inputs = scale_pages(inputs, loud)
     seed = int(rng.integers(0, 2**31))
     return _case(f"random_{seed}", f"random G={groups} H={heads} B={budget} K={depth} V={fanout} prefixes {prefix}"
-                 + ("" if shuffle else ", pages in order"), seed, inputs)
+                 + ("" if shuffle else ", pages in order") + (f", loud pages {loud}" if loud else ""), seed, inputs)
 
 
 def shrink_case(case: Case):
