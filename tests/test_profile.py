@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import h5py
 import pytest
 
 from kdt import peaks, profile, runtime, stages, toolkit
@@ -27,6 +28,9 @@ DATA = Path(__file__).resolve().parent / "data"
 # output to --log-file instead). The topk file is the same for its resident kernel (one launch a call).
 VERIFY_ATTN_CSV = (DATA / "ncu_raw_verify_attn_G1_H8_N8_prefix1024.csv").read_text()
 TOPK_CSV = (DATA / "ncu_raw_topk_resident.csv").read_text()
+# what `--case "*"` matches: every case of the committed golden file
+with h5py.File(Path(__file__).resolve().parents[1] / "golden" / "verify-attn.h5", "r") as _golden:
+    GOLDEN_VERIFY_ATTN_CASES = len(_golden)
 FWD, COMBINE = "kdt_verify_attn_fwd", "kdt_verify_attn_combine"
 TOPK_RESIDENT = "kdt_topk_resident_wide_f32"
 H200 = peaks.Peaks("NVIDIA H200", 4218.0, 749.0, "torch bf16 8192^3")   # the peaks line in the captured outputs
@@ -380,7 +384,7 @@ def test_profile_command_exit_2_without_ncu_gpu_or_counter_permission(monkeypatc
     (("--shape", "nope*"), ["--shape", "'nope*', which matches none", "G1_H8_N8_prefix1024", "G8_H8_N8_prefix131072"]),
     (("--shape", "G1_H8_*"), ["--shape", "'G1_H8_*', which matches 2: G1_H8_N8_prefix1024, G1_H8_N16_prefix8192"]),
     (("--case", "nope"), ["--case", "'nope', which matches none", "ragged_h8_b15", "prefix_zero"]),
-    (("--case", "*"), ["--case", "which matches 9"]),
+    (("--case", "*"), ["--case", f"which matches {GOLDEN_VERIFY_ATTN_CASES}"]),
     ((), ["--shape / --case", "neither"]),
     (("--shape", "G1_H8_N8_prefix1024", "--case", "h1_g1"), ["--shape / --case", "both"]),
     (("--shape", "G1_H8_N8_prefix1024", "--golden", "x.h5"), ["--golden", "--case"]),
