@@ -116,9 +116,9 @@ def test_the_tp8_golden_cases_are_the_deployments_shapes():
 
 
 def test_the_max_jumps_case_moves_the_running_max_inside_a_split():
-    """max_jumps' loud pages 2 / 5 / 8 / 11 are the third tile of every three (a split holds three or more): the sm_90a
-    softmax keeps a row's max until a tile's exceeds it by MAX_SLACK = 8 (log2 units, config.cuh). Past page 2 some
-    rows stay within that slack and some jump past it; past pages 5, 8 and 11 every row jumps, so O is rescaled
+    """max_jumps' loud pages 2 / 5 / 8 / 11 are the third tile of every three (a split of three tiles, `splits=5`): the
+    sm_90a softmax keeps a row's max until a tile's exceeds it by MAX_SLACK = 8 (log2 units, config.cuh). Past page 2
+    some rows stay within that slack and some jump past it; past pages 5, 8 and 11 every row jumps, so O is rescaled
     mid-split on both paths."""
     case = next(case for case in stage.make_cases() if case.name == "max_jumps")
     x = case.inputs
@@ -147,6 +147,19 @@ def test_random_cases_have_loud_pages_now_and_then():
         assert (rms.max() > 3.5 * np.median(rms)) == says or (says and len(used) < 3), case.description
         loud += says
     assert 3 <= loud <= 25
+
+
+@pytest.mark.gpu
+def test_a_max_that_jumps_inside_a_split():
+    """max_jumps with its loud pages inside a split (three tiles a split, paired or a value split; two a split; the
+    whole prefix in one split): within the contract of the reference (kdt.verify: outputs poisoned, twice)."""
+    from kdt import stages, verify
+
+    spec = stages.get("verify-attn")
+    case = next(case for case in stage.make_cases() if case.name == "max_jumps")
+    for knobs in ({"splits": 5}, {"splits": 5, "split_values": 0}, {"splits": 7}, {"splits": 1}):
+        result = verify.verify_fresh(spec, case, knobs=knobs)
+        assert result.passed, (knobs, result)
 
 
 @pytest.mark.gpu

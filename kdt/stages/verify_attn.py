@@ -91,8 +91,9 @@ def make_cases() -> list[Case]:
               attention_inputs(rng(408), [577], TP8_HEADS, 7, 8, 15, spare_pages=1)),
         _case("tp8_g1_n64", "TP8: G=1 H=8 N=64, prefix 65 (one key on the second page)", 409,
               attention_inputs(rng(409), [65], TP8_HEADS, 15, 8, 63, spare_pages=1)),
-        # every third page louder than the ones before it: with any split of three or more tiles, a row's max jumps
-        # by more than the sm_90a softmax's slack inside a split (scores of standard deviation 4-16x the others')
+        # every third page louder than the ones before it (scores of standard deviation 4-32x the others'): where a
+        # split holds three tiles or more, a row's max jumps past the sm_90a softmax's slack inside it. The default
+        # plan on 132 SMs gives this prefix one tile a split; `--knob splits=5` (three a split) or `splits=7` do it.
         _case("max_jumps", "G=1 H=8 N=16, prefix 769: keys of pages 2 / 5 / 8 / 11 scaled 4 / 8 / 16 / 32x", 410,
               scale_pages(attention_inputs(rng(410), [769], TP8_HEADS, 7, 8, 15, spare_pages=1),
                           [(0, 2, 4.0), (0, 5, 8.0), (0, 8, 16.0), (0, 11, 32.0)])),
