@@ -15,7 +15,7 @@ from pathlib import Path
 import h5py
 import pytest
 
-from kdt import peaks, profile, runtime, stages, toolkit
+from kdt import golden, peaks, profile, runtime, stages, toolkit
 from kdt.launch.plan import KernelLaunch, LaunchPlan
 from tests.cli_run import run_kdt_cli
 from tests.test_sanitize import _executable
@@ -29,7 +29,7 @@ DATA = Path(__file__).resolve().parent / "data"
 VERIFY_ATTN_CSV = (DATA / "ncu_raw_verify_attn_G1_H8_N8_prefix1024.csv").read_text()
 TOPK_CSV = (DATA / "ncu_raw_topk_resident.csv").read_text()
 # what `--case "*"` matches: every case of the committed golden file
-with h5py.File(Path(__file__).resolve().parents[1] / "golden" / "verify-attn.h5", "r") as _golden:
+with h5py.File(golden.default_path(Path(__file__).resolve().parents[1] / "golden", "verify-attn"), "r") as _golden:
     GOLDEN_VERIFY_ATTN_CASES = len(_golden)
 FWD, COMBINE = "kdt_verify_attn_fwd", "kdt_verify_attn_combine"
 TOPK_RESIDENT = "kdt_topk_resident_wide_f32"
