@@ -31,7 +31,7 @@
 //            num_splits even), block 256, 1 CTA per SM, dynamic smem
 //            kdt_verify_attn_smem_bytes:
 //            ROWS = 64: 230912 B on sm_90 / sm_100 (Q 72 KB + 2 key tiles of 64 tokens + P 8 KB + row stats),
-//            230968 B on sm_90a (+ 7 mbarriers); ROWS = 32 on sm_120: 92832 B (a ring of 4 key tiles of 16 tokens +
+//            230976 B on sm_90a (+ 8 mbarriers); ROWS = 32 on sm_120: 92832 B (a ring of 4 key tiles of 16 tokens +
 //            the S exchange 16 KB + P 2 KB + row stats + 4 mbarriers; Q in registers).
 //   combine: grid (N*H, G), block 128 x groups (1-4 groups of 4 warps on one row, one group per 8 splits),
 //            6 KB of static smem. Where the main kernel leaves half the SMs idle, a programmatic dependent launch

@@ -22,6 +22,23 @@ __device__ __forceinline__ uint32_t cluster_addr(const void* local, uint32_t ran
                  : "=r"(there) : "r"(smem_addr(local)), "r"(rank));
     return there;
 }
+__device__ __forceinline__ uint32_t cluster_addr(uint32_t local, uint32_t rank) {
+    uint32_t there;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(there) : "r"(local), "r"(rank));
+    return there;
+}
+// st.async: stores into block `rank`'s shared memory that, once performed there, complete their bytes on that
+// block's mbarrier `bar` (a shared::cluster address: cluster_addr of the barrier). Nothing waits here: the
+// receiver waits on its barrier for the bytes it announced (mbar_arrive_expect_tx), so no cluster barrier is
+// needed between the stores and its reads.
+__device__ __forceinline__ void store_async_to_block(uint32_t there, uint32_t value, uint32_t bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n"
+                 ::"r"(there), "r"(value), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void store_async_to_block(uint32_t there, uint4 value, uint32_t bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n"
+                 ::"r"(there), "r"(value.x), "r"(value.y), "r"(value.z), "r"(value.w), "r"(bar) : "memory");
+}
 __device__ __forceinline__ void store_to_block(const void* local, uint32_t rank, uint32_t value) {
     asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(cluster_addr(local, rank)), "r"(value) : "memory");
 }

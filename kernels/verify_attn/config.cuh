@@ -94,7 +94,8 @@ constexpr int MB_FULL = 1;                    // WG1 -> WG0: tile k+1 has landed
 constexpr int MB_EMPTY = 2;                   // + buffer k & 1: both warpgroups' P V of tile k has retired
 constexpr int MB_SDONE = MB_EMPTY + STAGES;   // WG0 -> WG0: every warp's S wgmma of tile k has retired
 constexpr int MB_LANDED = MB_SDONE + 1;       // + buffer: a key tile by tensor copy has landed (its bytes complete it)
-constexpr int PIPE_MBARS = MB_LANDED + STAGES;  // PREADY, FULL, EMPTY[0], EMPTY[1], SDONE, LANDED[0], LANDED[1]
+constexpr int MB_INBOX = MB_LANDED + STAGES;  // pair merge: the partner's half of O and its lse have landed (bytes)
+constexpr int PIPE_MBARS = MB_INBOX + 1;     // PREADY, FULL, EMPTY[0], EMPTY[1], SDONE, LANDED[0], LANDED[1], INBOX
 constexpr int MB_HANDOFF_ARRIVALS = WG_THREADS;  // PREADY, SDONE (WG0 arrives), FULL (WG1 arrives)
 // EMPTY: every thread of both warpgroups arrives after its P V wait, WG1 then waits: WG1's own four warps
 // must all be past their P V reads of the buffer as well (each warp's slice of the m64n256 wgmma reads all

@@ -76,10 +76,11 @@ __device__ __forceinline__ void s_wgmma(float (&d)[4 * PIPE_NT], uint64_t dq, ui
     wgmma_retire(d);
 }
 
-// Sends o[j] for j in [FIRST, FIRST + O_NT / 2), normalised, into the partner's inbox (pair_merge_store).
+// Sends o[j] for j in [FIRST, FIRST + O_NT / 2), normalised, into the partner's inbox (pair_merge_store): st.async
+// to `inbox_there` (the inbox in the partner's window), each completing its bytes on the partner's INBOX barrier.
 template <int FIRST>
-__device__ __forceinline__ void pair_send(const float (&o)[O_NT][4], const float4* inbox, uint32_t partner, int tid,
-                                          float invA, float invB) {
+__device__ __forceinline__ void pair_send(const float (&o)[O_NT][4], uint32_t inbox_there, uint32_t bar_there,
+                                          int tid, float invA, float invB) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const float inv = half ? invB : invA;
@@ -91,7 +92,7 @@ __device__ __forceinline__ void pair_send(const float (&o)[O_NT][4], const float
             bits.y = __float_as_uint(inv != 0.f ? o[j][2 * half + 1] * inv : 0.f);
             bits.z = __float_as_uint(inv != 0.f ? o[j + 1][2 * half] * inv : 0.f);
             bits.w = __float_as_uint(inv != 0.f ? o[j + 1][2 * half + 1] * inv : 0.f);
-            kdt::store_to_block(inbox + (2 * jp + half) * THREADS + tid, partner, bits);
+            kdt::store_async_to_block(inbox_there + 16 * ((2 * jp + half) * THREADS + tid), bits, bar_there);
         }
     }
 }
@@ -121,34 +122,39 @@ __device__ __forceinline__ void pair_merge_row(const float (&o)[O_NT][4], const 
 // normalised, with the rows' lse, into the partner's first key buffer (distributed shared memory, [j pair][half]
 // [thread] float4: conflict-free on both sides): both warpgroups send 32 KB and merge 32 KB. Each merges its kept
 // columns with what arrived through the lse weights, as the combine would, and writes them to slot c's partial:
-// half the bytes of two splits' partials, for the store and for the combine. Two cluster barriers: the partner is
-// past its mainloop (its key buffers free, its lse in smem); the sent halves have landed. No access to the
-// partner's shared memory follows the second, so either CTA may exit after it.
+// half the bytes of two splits' partials, for the store and for the combine. One cluster barrier: the partner is
+// past its mainloop (its key buffers free). The sends are st.async, each completing its bytes on the receiver's
+// INBOX mbarrier, whose one arrival (thread 0's) announced the INBOX_BYTES it waits for: a CTA reads its inbox once
+// they have all landed, with no second cluster barrier. A CTA's shared memory is read by no one else, and written by
+// its partner only before its INBOX wait ends, so either may exit after it.
 __device__ __forceinline__ void pair_merge_store(const FwdParams& p, const CtaWork& w, unsigned char* smem,
                                                  const float (&o)[O_NT][4], int wg, int tid, int rowA, int rowB,
                                                  int cq, int rank) {
+    // a thread's O_NT / 2 float4 of o (two j of one row each), then the rows' lse
+    constexpr uint32_t INBOX_BYTES = THREADS * (O_NT / 2) * 16 + ROWS * 4;
+    static_assert(THREADS * (O_NT / 2) * 16 <= KV_TILE_BYTES, "the inbox is the first key buffer");
+    static_assert(INBOX_BYTES < (1u << 20), "an mbarrier's tx-count holds the bytes it waits for");
     float4* inbox = reinterpret_cast<float4*>(smem + OFF_KV);
     float* peer_lse = reinterpret_cast<float*>(smem + OFF_PEER_LSE);
     const float* lse_s = reinterpret_cast<const float*>(smem + OFF_PAIR_LSE);
     const float* invl_s = reinterpret_cast<const float*>(smem + OFF_INVL);
     const uint32_t partner = static_cast<uint32_t>(rank ^ 1);
-    // The inbox's last local write made a plain store: compute-sanitizer's racecheck does not carry a cp.async's
-    // wait (the key tiles') through the cluster barrier to the partner's writes, and reports each of them as a WAW
-    // hazard; with this it is clean (0.25-0.5 us a call; plans/kernels/verify-attn.md, "Pair merge")
-#pragma unroll
-    for (int i = 0; i < O_NT / 2; ++i)
-        inbox[i * THREADS + tid] = make_float4(0.f, 0.f, 0.f, 0.f);
-    kdt::cluster_sync();
+    const uint32_t mb_inbox = smem_addr(smem) + OFF_BAR + 8 * MB_INBOX;
+    const uint32_t bar_there = kdt::cluster_addr(mb_inbox, partner);
+    if (tid == 0) kdt::mbar_arrive_expect_tx(mb_inbox, INBOX_BYTES);
+    kdt::cluster_sync();  // the partner is past its mainloop: its inbox (first key buffer) is read no more
     // the register indices must be constants: one branch a rank
+    const uint32_t inbox_there = kdt::cluster_addr(inbox, partner);
     if (rank == 0)
-        pair_send<O_NT / 2>(o, inbox, partner, tid, invl_s[rowA], invl_s[rowB]);
+        pair_send<O_NT / 2>(o, inbox_there, bar_there, tid, invl_s[rowA], invl_s[rowB]);
     else
-        pair_send<0>(o, inbox, partner, tid, invl_s[rowA], invl_s[rowB]);
+        pair_send<0>(o, inbox_there, bar_there, tid, invl_s[rowA], invl_s[rowB]);
     if (wg == 0 && cq == 0) {
-        kdt::store_to_block(peer_lse + rowA, partner, __float_as_uint(lse_s[rowA]));
-        kdt::store_to_block(peer_lse + rowB, partner, __float_as_uint(lse_s[rowB]));
+        const uint32_t lse_there = kdt::cluster_addr(peer_lse, partner);
+        kdt::store_async_to_block(lse_there + 4 * rowA, __float_as_uint(lse_s[rowA]), bar_there);
+        kdt::store_async_to_block(lse_there + 4 * rowB, __float_as_uint(lse_s[rowB]), bar_there);
     }
-    kdt::cluster_sync();
+    mbar_wait(mb_inbox, 0);  // the partner's INBOX_BYTES have landed (the barrier's first phase)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int row = half ? rowB : rowA;
@@ -232,6 +238,7 @@ __device__ __forceinline__ void attend_wgmma(const FwdParams& p, unsigned char* 
             mbar_init(sBar + 8 * i, (i >= MB_EMPTY && i < MB_SDONE) ? MB_EMPTY_ARRIVALS
                                     : i >= MB_LANDED                    ? 1
                                                                         : MB_HANDOFF_ARRIVALS);
+        if (PAIRED) kdt::fence_mbarrier_init_cluster();  // INBOX: the partner's st.async complete on it
     }
 
     // ---- prologue: Q + tile kb (all threads), tile kb+1 (WG1, its own cp.async group, left in flight). A paired
