@@ -170,8 +170,16 @@ extern "C" __global__ void __launch_bounds__(va::COMBINE_GROUP_THREADS * va::COM
         const float4* src =
             reinterpret_cast<const float4*>(part_o + (static_cast<size_t>(g) * Rpad + r) * DV + col);
         const size_t src_stride = split_stride * (DV / 4);
+        // the row's split lse first, lane j holding splits j + 32 c: read once, ahead of the partials, so the
+        // weights are ready when those land (splits past 32 * COMBINE_LSE_CHUNKS, from a `splits` knob past one
+        // wave, are read where they are used)
+        float ls[COMBINE_LSE_CHUNKS];
+#pragma unroll
+        for (int c = 0; c < COMBINE_LSE_CHUNKS; ++c)
+            ls[c] = lane + 32 * c < num_splits ? row_lse[(lane + 32 * c) * split_stride] : NEG_INF;
+        constexpr int HELD = 32 * COMBINE_LSE_CHUNKS;
         // a group's batches of COMBINE_UNROLL partial rows, each issued as soon as the batch before is summed; the
-        // first with the split lse below, so one trip to L2 after the wait serves both (a split whose lse is -inf
+        // first right after the split lse, so one trip to L2 after the wait serves both (a split whose lse is -inf
         // is still loaded, in bounds, and dropped by its zero weight)
         float4 v[COMBINE_UNROLL];
         const auto load_batch = [&](int s0, int j0) {
@@ -182,12 +190,16 @@ extern "C" __global__ void __launch_bounds__(va::COMBINE_GROUP_THREADS * va::COM
         };
         load_batch(0, group * COMBINE_UNROLL);
         float mx = NEG_INF;
-        for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, row_lse[s * split_stride]);
+#pragma unroll
+        for (int c = 0; c < COMBINE_LSE_CHUNKS; ++c) mx = fmaxf(mx, ls[c]);
+        for (int s = HELD + lane; s < num_splits; s += 32) mx = fmaxf(mx, row_lse[s * split_stride]);
 #pragma unroll
         for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
         if (mx != NEG_INF) {
             float den = 0.f;
-            for (int s = lane; s < num_splits; s += 32) den += expf(row_lse[s * split_stride] - mx);
+#pragma unroll
+            for (int c = 0; c < COMBINE_LSE_CHUNKS; ++c) den += expf(ls[c] - mx);  // 0 past num_splits
+            for (int s = HELD + lane; s < num_splits; s += 32) den += expf(row_lse[s * split_stride] - mx);
 #pragma unroll
             for (int d = 16; d > 0; d >>= 1) den += __shfl_xor_sync(0xffffffffu, den, d);
             const float inv_den = 1.f / den;
@@ -195,8 +207,15 @@ extern "C" __global__ void __launch_bounds__(va::COMBINE_GROUP_THREADS * va::COM
                 // lane j holds the weight of split s0 + j; 0 for an empty split (lse -inf), whose partial O
                 // was never written this launch: it is still loaded (in bounds), but the select drops it
                 const int s_lane = s0 + lane;
-                const float ls = s_lane < num_splits ? row_lse[s_lane * split_stride] : NEG_INF;
-                const float w_lane = ls != NEG_INF ? expf(ls - mx) * inv_den : 0.f;
+                float ls_lane = NEG_INF;  // -inf past num_splits
+                if (s0 < HELD) {
+#pragma unroll
+                    for (int c = 0; c < COMBINE_LSE_CHUNKS; ++c)
+                        if (s0 == 32 * c) ls_lane = ls[c];
+                } else if (s_lane < num_splits) {
+                    ls_lane = row_lse[s_lane * split_stride];
+                }
+                const float w_lane = ls_lane != NEG_INF ? expf(ls_lane - mx) * inv_den : 0.f;
                 const int count = min(32, num_splits - s0);
                 for (int j0 = group * COMBINE_UNROLL; j0 < count; j0 += groups * COMBINE_UNROLL) {
 #pragma unroll

@@ -163,6 +163,25 @@ def test_a_max_that_jumps_inside_a_split():
 
 
 @pytest.mark.gpu
+def test_rows_of_more_splits_than_the_combine_holds_in_registers():
+    """The combine holds a row's first 32 * COMBINE_LSE_CHUNKS (64) split lse in registers and reads the rest where
+    it uses them: 72 and 100 splits over a 5,000-token prefix (80 key tiles with the tree's: splits past the 80th
+    hold none, lse -inf), and 40 for comparison, within the contract of the reference (kdt.verify: outputs
+    poisoned, twice)."""
+    from kdt import stages, verify
+    from kdt.spec import Case
+
+    spec = stages.get("verify-attn")
+    rng = np.random.default_rng(11)
+    inputs = stage.attention_inputs(rng, [5000], heads=8, depth=3, fanout=4, budget=15)
+    case = Case("many_splits", "G=1 H=8 B=15, prefix 5000", 11,
+                {"softmax_scale": float(np.float32(1 / np.sqrt(576))), "d_v": 512}, inputs)
+    for knobs in ({"splits": 72}, {"splits": 100}, {"splits": 40}):
+        result = verify.verify_fresh(spec, case, knobs=knobs)
+        assert result.passed, (knobs, result)
+
+
+@pytest.mark.gpu
 def test_whole_pages_by_tensor_copy_give_the_bits_of_cp_async():
     """sm_90a copies a split's whole prefix pages, from its third on, by the tensor-copy engine, whose 128-byte
     swizzle must be the layout the wgmma reads. With one and three splits a query tile (a CTA streams most of its

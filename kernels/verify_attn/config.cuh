@@ -135,6 +135,8 @@ constexpr int COMBINE_WARPS_PER_ROW = 4;                // a group: DV / 4 colum
 constexpr int COMBINE_GROUP_THREADS = 32 * COMBINE_WARPS_PER_ROW;
 constexpr int COMBINE_MAX_GROUPS = 4;
 constexpr int COMBINE_UNROLL = 8;                       // partial-row loads in flight per lane
+// a row's split lse in registers, 32 splits a chunk (the row's lanes hold 64; three chunks spill on sm_120)
+constexpr int COMBINE_LSE_CHUNKS = 2;
 
 constexpr float NEG_INF = -__builtin_huge_valf();
 constexpr float LN2 = 0.693147180559945309f;
