@@ -16,16 +16,13 @@ __device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier
 __device__ __forceinline__ void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 
-__device__ __forceinline__ uint32_t cluster_addr(const void* local, uint32_t rank) {
-    uint32_t there;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
-                 : "=r"(there) : "r"(smem_addr(local)), "r"(rank));
-    return there;
-}
-__device__ __forceinline__ uint32_t cluster_addr(uint32_t local, uint32_t rank) {
+__device__ __forceinline__ uint32_t cluster_addr(uint32_t local, uint32_t rank) {  // local: a shared-window address
     uint32_t there;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(there) : "r"(local), "r"(rank));
     return there;
+}
+__device__ __forceinline__ uint32_t cluster_addr(const void* local, uint32_t rank) {
+    return cluster_addr(smem_addr(local), rank);
 }
 // st.async: stores into block `rank`'s shared memory that, once performed there, complete their bytes on that
 // block's mbarrier `bar` (a shared::cluster address: cluster_addr of the barrier). Nothing waits here: the
